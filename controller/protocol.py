@@ -60,7 +60,9 @@ METHOD_ENGINE = "engine"
 
 Category = Annotated[str, Field(pattern=CATEGORY_PATTERN)]
 Method = Annotated[str, Field(pattern=METHOD_PATTERN)]
-NonNegInt = Annotated[int, Field(ge=0)]
+#: Per-step counts: no engine schedules ten million requests or tokens in one step; the bound keeps one
+#: absurd batch from poisoning the learned state (and the cost model's least squares).
+NonNegInt = Annotated[int, Field(ge=0, le=10_000_000)]
 
 
 class _Strict(BaseModel):
@@ -158,7 +160,7 @@ class TelemetryBatch(_Strict):
     sent_at: float = Field(ge=0, description="engine wall clock (unix seconds), informational")
     spec: SpecConfig
     policy_version: int | None = Field(default=None, ge=0, description="policy the engine applied in these steps")
-    dropped_steps: NonNegInt = Field(default=0, description="steps dropped by the engine's bounded queue since boot")
+    dropped_steps: int = Field(default=0, ge=0, le=2**62, description="steps dropped by the engine's bounded queue since boot")
     steps: list[StepRecord] = Field(default_factory=list, max_length=MAX_STEPS_PER_BATCH)
 
     _check_sent_at = field_validator("sent_at")(_finite)
@@ -206,5 +208,5 @@ class Policy(_Strict):
 class TelemetryAck(_Strict):
     outcome: Literal["accepted", "duplicate"]
     seq: int
-    gaps: NonNegInt = Field(description="batches missing for this engine so far")
+    gaps: int = Field(ge=0, description="batches missing for this engine so far")
     policy: Policy

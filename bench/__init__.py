@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; each module writes its JSON figures into ``bench/results/``."""

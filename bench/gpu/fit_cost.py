@@ -1,0 +1,155 @@
+"""Fit the step-cost model's H200 preset from the engine steps a GPU benchmark run recorded (issue 7, item 4).
+
+Inputs (written by ``run_bench.py``): ``steps.jsonl.gz``, every TelemetryBatch the specctl engines posted (each
+step's wall time, batch size, scheduled tokens and drafting depth), and ``controller_snapshot.json``, the
+controller's learned state at the end of the run (its online, prior-regularised fit of the same model).
+
+The model is controller/core/cost.py's (verify + drafting terms); like bench/sim/fit_presets.py it is a
+non-negative least-squares fit of the *relative* error (each step divided by its measured time) on a 16-token
+knee grid. Printed and written to ``--out``: the refit coefficients, and the rms relative step-time error on these
+steps of (a) the H200 preset in the code, (b) the controller's learned model, (c) the refit. ``--plot`` draws
+measured and modelled step time against batch size per drafting depth.
+
+    python3 bench/gpu/fit_cost.py bench/gpu/results/steps.jsonl.gz --snapshot bench/gpu/results/controller_snapshot.json \\
+        --out bench/gpu/results/h200_cost_fit.json --plot bench/gpu/results/h200_cost_fit.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.sim.fit_presets import _nnls  # noqa: E402
+from controller.core.config import LearnerSettings  # noqa: E402
+from controller.core.cost import H200, PRESETS, CostCoefficients, OnlineCostModel, features, step_shape  # noqa: E402
+from controller.protocol import TelemetryBatch  # noqa: E402
+
+
+def load_steps(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(shapes [n, tokens, depth, free], wall seconds) of every step with work in it."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    shapes, walls = [], []
+    with opener(path, "rt") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            batch = TelemetryBatch.model_validate_json(line)
+            for step in batch.steps:
+                shape = step_shape(step, batch.spec.method)
+                if shape[0] > 0 and step.wall_s > 0:
+                    shapes.append(shape)
+                    walls.append(step.wall_s)
+    return np.array(shapes, dtype=float), np.array(walls, dtype=float)
+
+
+def design(shapes: np.ndarray, knee: float) -> np.ndarray:
+    return np.array([features(n, tok, knee, depth, free) for n, tok, depth, free in shapes])
+
+
+def predict(coef: CostCoefficients, shapes: np.ndarray) -> np.ndarray:
+    return np.array([coef.step_time(n, tok, depth, free) for n, tok, depth, free in shapes])
+
+
+def rel_rms(pred: np.ndarray, wall: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((pred / wall - 1.0) ** 2)))
+
+
+def refit(shapes: np.ndarray, wall: np.ndarray, knees=range(0, 2049, 16)) -> tuple[CostCoefficients, float]:
+    best: tuple[float, CostCoefficients] | None = None
+    for knee in knees:
+        a = design(shapes, knee) / wall[:, None]
+        theta = _nnls(a, np.ones(len(wall)))
+        coef = CostCoefficients.from_vector(theta, knee)
+        err = rel_rms(predict(coef, shapes), wall)
+        if best is None or err < best[0]:
+            best = (err, coef)
+    assert best is not None
+    return best[1], best[0]
+
+
+def learned(snapshot: Path) -> dict[str, CostCoefficients]:
+    """The controller's learned cost model per served model, from its exported snapshot."""
+    data = json.loads(snapshot.read_text())["state"]
+    preset = PRESETS.get(data.get("cost_preset", ""))
+    strength = LearnerSettings().cost_prior_strength
+    out = {}
+    for model, state in (data.get("models") or {}).items():
+        cost = state.get("cost")
+        if cost and preset is not None:
+            out[model] = OnlineCostModel.from_dict(cost, preset, strength).coefficients()
+    return out
+
+
+def plot(path: Path, shapes: np.ndarray, wall: np.ndarray, models: dict[str, CostCoefficients]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    decode = shapes[:, 1] <= shapes[:, 0] * (1 + shapes[:, 2])  # no prefill tokens in the step
+    fig, ax = plt.subplots(figsize=(8, 5))
+    depths = sorted({int(d) for d in shapes[decode, 2]})
+    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(depths), 1)))
+    for color, depth in zip(colors, depths):
+        sel = decode & (shapes[:, 2] == depth)
+        ax.scatter(shapes[sel, 0], wall[sel] * 1e3, s=4, alpha=0.25, color=color, label=f"measured, depth {depth}")
+        ns = np.unique(shapes[sel, 0])
+        for (name, coef), style in zip(models.items(), ("--", ":", "-")):
+            # decode steps of this depth: every request verifies 1 + depth tokens (upper bound of the batch)
+            t = [coef.step_time(n, n * (1 + depth), depth) * 1e3 for n in ns]
+            ax.plot(ns, t, style, color=color, lw=1, label=f"{name}, depth {depth}" if depth == depths[0] else None)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("requests in the step")
+    ax.set_ylabel("step wall time, ms")
+    ax.set_title("H200, vLLM 0.26, 8B-shaped target + 4-layer draft: decode steps")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("steps", type=Path)
+    p.add_argument("--snapshot", type=Path)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args(argv)
+    shapes, wall = load_steps(args.steps)
+    if len(wall) == 0:
+        print("no steps", file=sys.stderr)
+        return 1
+    fit, fit_err = refit(shapes, wall)
+    models = {"preset h200 (code)": H200}
+    if args.snapshot and args.snapshot.exists():
+        models.update({f"controller learned ({Path(m).name})": c for m, c in learned(args.snapshot).items()})
+    models["refit"] = fit
+    errors = {name: rel_rms(predict(c, shapes), wall) for name, c in models.items()}
+    result = {
+        "steps": int(len(wall)),
+        "batch_sizes": sorted({int(n) for n in shapes[:, 0]})[:64],
+        "depths": sorted({int(d) for d in shapes[:, 2]}),
+        "refit": fit.to_dict(),
+        "rms_rel_error": errors,
+        "models": {name: c.to_dict() for name, c in models.items()},
+    }
+    for name, err in errors.items():
+        print(f"{name:>40}: rms relative step-time error {err:.1%}")
+    print(json.dumps(fit.to_dict(), indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(args.plot, shapes, wall, models)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from bench.sim.run import main
+
+sys.exit(main())

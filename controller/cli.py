@@ -1,0 +1,255 @@
+"""The ``specctl`` command line: run the controller, read its state, manage overrides.
+
+Exit codes: 0 success; 1 the controller refused the request (its reason is printed); 2 bad usage or
+configuration (e.g. ``serve`` without tokens); 3 the controller is unreachable or could not start.
+
+Each command is a small function over the HTTP API (or, for ``serve``, the service package); new
+commands (``replay``) are added the same way: a function decorated with ``@app.command()`` that
+imports what it needs lazily, so ``specctl --help`` stays fast and needs no optional dependency.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+DEFAULT_URL = "http://127.0.0.1:8081"
+
+app = typer.Typer(help="Adaptive speculative-decoding controller for vLLM.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+override_app = typer.Typer(help="Operator overrides: pin k, pin the method, or force speculation off.",
+                           no_args_is_help=True)
+app.add_typer(override_app, name="override")
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="SPECCTL_CONTROLLER_URL", help="controller base URL")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the raw JSON answer")]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"specctl: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user database entry (containers)
+        user = ""
+    return user if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@:\-]{0,127}", user) else "cli"
+
+
+def _request(method: str, url: str, path: str, *, admin: bool = False, **kwargs: Any) -> Any:
+    """One HTTP call; prints the controller's reason and exits non-zero on any failure."""
+    import httpx
+
+    headers = {}
+    if admin:
+        token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx.request(method, url.rstrip("/") + path, headers=headers, timeout=10.0, **kwargs)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the controller at {url}: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE)
+    if response.status_code >= 400:
+        _fail(_describe_error(response), EXIT_UNREACHABLE if response.status_code >= 500 else EXIT_REFUSED)
+    return response.json()
+
+
+def _describe_error(response: Any) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    lines = [f"HTTP {response.status_code}: {body.get('detail', '')}"]
+    for err in body.get("errors", []):
+        lines.append(f"  {'.'.join(str(p) for p in err.get('loc', []))}: {err.get('msg', '')}")
+    if response.status_code == 401:
+        lines.append("  (set SPECCTL_ADMIN_TOKEN to the controller's admin token)")
+    return "\n".join(lines)
+
+
+# -- serve -------------------------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="listen address [env SPECCTL_HOST; default 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port, 0 = any free [env SPECCTL_PORT; default 8081]")] = None,
+    db: Annotated[Path | None, typer.Option(help="SQLite file [env SPECCTL_DB; default ./specctl.db]")] = None,
+    insecure_dev: Annotated[bool, typer.Option("--insecure-dev", help="allow running without tokens (local development only)")] = False,
+    admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes [env SPECCTL_ADMIN_HOST]")] = None,
+    admin_port: Annotated[int | None, typer.Option(help="port of the admin listener [env SPECCTL_ADMIN_PORT]")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error [env SPECCTL_LOG_LEVEL]")] = None,
+) -> None:
+    """Run the controller (HTTP API, metrics, SQLite store) until interrupted."""
+    from controller.service.server import check_store
+    from controller.service.server import serve as run_server
+    from controller.service.settings import SettingsError, load_settings
+    from controller.service.store import StoreError
+
+    try:
+        settings = load_settings(
+            server={"host": host, "port": port, "log_level": log_level},
+            auth={"insecure_dev": insecure_dev or None, "admin_host": admin_host, "admin_port": admin_port},
+            store={"db": db},
+        )
+    except SettingsError as exc:
+        _fail(f"cannot start: {exc}", EXIT_USAGE)
+    try:
+        check_store(settings)
+    except StoreError as exc:
+        _fail(f"cannot start: {exc}", EXIT_USAGE)
+    try:
+        code = run_server(settings)
+    except OSError as exc:
+        _fail(f"cannot listen: {exc}", EXIT_UNREACHABLE)
+    raise typer.Exit(code)
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+#: (column title, path into a category view of GET /v1/categories, format)
+STATUS_COLUMNS: list[tuple[str, str, str]] = [
+    ("model", "model", "{}"),
+    ("category", "category", "{}"),
+    ("k", "decision.k", "{}"),
+    ("method", "decision.method", "{}"),
+    ("source", "decision.source", "{}"),
+    ("entropy", "entropy.class", "{}"),
+    ("mean acc len", "mean_acceptance_length", "{:.2f}"),
+    ("speedup", "decision.estimated_speedup", "{:.2f}x"),
+    ("req/step", "requests_per_step", "{:.1f}"),
+    ("request-steps", "request_steps", "{}"),
+    ("reason", "decision.reason", "{}"),
+]
+
+
+def _cell(view: dict[str, Any], path: str, fmt: str) -> str:
+    value: Any = view
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def format_table(rows: list[list[str]], headers: list[str]) -> str:
+    """Left-aligned columns separated by two spaces (stable for scripts and narrow terminals)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def status_rows(views: list[dict[str, Any]]) -> list[list[str]]:
+    return [[_cell(v, key, fmt) for _, key, fmt in STATUS_COLUMNS] for v in views]
+
+
+@app.command()
+def status(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
+    """One line per (model, category): k, method, entropy class, acceptance, estimated speedup, reason."""
+    views = _request("GET", url, "/v1/categories")
+    if as_json:
+        typer.echo(json.dumps(views, indent=2))
+        return
+    if not views:
+        typer.echo("no categories yet: no engine has reported telemetry")
+        return
+    typer.echo(format_table(status_rows(views), [title for title, _, _ in STATUS_COLUMNS]))
+
+
+# -- override ----------------------------------------------------------------------------------------
+
+
+@override_app.command("set")
+def override_set(
+    category: Annotated[str, typer.Argument(help="request category, e.g. structured")],
+    reason: Annotated[str, typer.Option(help="why (kept in the audit log)")],
+    k: Annotated[int | None, typer.Option("--k", help="pin the proposal length (0 = off)")] = None,
+    off: Annotated[bool, typer.Option("--off", help="force speculation off")] = False,
+    method: Annotated[str | None, typer.Option(help="pin the draft method")] = None,
+    ttl: Annotated[float | None, typer.Option(help="seconds until the override expires (default: never)")] = None,
+    actor: Annotated[str | None, typer.Option(help="who (default: the login name)")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pin k, pin the method, or force speculation off for CATEGORY (needs SPECCTL_ADMIN_TOKEN)."""
+    if k is None and method is None and not off:
+        _fail("give --k N, --method M or --off", EXIT_USAGE)
+    body = {"k": k, "method": method, "off": off, "ttl_s": ttl, "reason": reason, "actor": actor or _default_actor()}
+    answer = _request("PUT", url, f"/v1/overrides/{category}", admin=True, json=body)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    ov = answer["override"]
+    typer.echo(f"override set for {category}: {_describe_override(ov)} (audit #{answer['audit']['id']})")
+
+
+@override_app.command("clear")
+def override_clear(
+    category: Annotated[str, typer.Argument(help="request category")],
+    reason: Annotated[str, typer.Option(help="why (kept in the audit log)")] = "cleared",
+    actor: Annotated[str | None, typer.Option(help="who (default: the login name)")] = None,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Remove CATEGORY's override; the policy decides again (needs SPECCTL_ADMIN_TOKEN)."""
+    params = {"actor": actor or _default_actor(), "reason": reason}
+    answer = _request("DELETE", url, f"/v1/overrides/{category}", admin=True, params=params)
+    typer.echo(f"override cleared for {category} (audit #{answer['audit']['id']})")
+
+
+def _describe_override(ov: dict[str, Any]) -> str:
+    what = "speculation off" if ov["off"] else ", ".join(
+        f"{name}={ov[name]}" for name in ("k", "method") if ov.get(name) is not None
+    )
+    ttl = "no expiry" if ov.get("ttl_remaining_s") is None else f"expires in {ov['ttl_remaining_s']:.0f} s"
+    return f"{what}; {ttl}"
+
+
+@override_app.command("list")
+def override_list(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
+    """Overrides in force."""
+    items = _request("GET", url, "/v1/overrides")
+    if as_json:
+        typer.echo(json.dumps(items, indent=2))
+        return
+    if not items:
+        typer.echo("no overrides in force")
+        return
+    rows = [[o["category"], _describe_override(o), o["actor"], o["reason"]] for o in items]
+    typer.echo(format_table(rows, ["category", "override", "actor", "reason"]))
+
+
+# -- replay ------------------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def replay(ctx: typer.Context) -> None:
+    """Replay recorded telemetry through the policy offline (arguments: see `specctl replay --help`)."""
+    # The command lives in controller/core/replay.py as ``main(argv: list[str]) -> int``; every argument,
+    # --help included, is handed to it unchanged.
+    try:
+        from controller.core import replay as replay_module
+    except ImportError:
+        _fail("replay is not available in this installation", EXIT_USAGE)
+    raise typer.Exit(replay_module.main(list(ctx.args)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``specctl = controller.cli:main``)."""
+    app(args=argv if argv is not None else sys.argv[1:], prog_name="specctl")

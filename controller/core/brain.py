@@ -1,0 +1,574 @@
+"""The composition root of the pure controller logic: one :class:`Brain` per application.
+
+The service calls, with an injected ``now`` (unix seconds):
+  * :meth:`Brain.ingest` for each validated :class:`TelemetryBatch` (dedup, gaps, learning);
+  * :meth:`Brain.policy_for` to answer an engine (decision cached for ``interval_s``, overrides applied
+    fresh on every call, version bumped only when what the engine acts on changes);
+  * :meth:`Brain.categories` / :meth:`Brain.engines` / :meth:`Brain.metrics` for reads;
+  * :meth:`Brain.dump` / :meth:`Brain.load` to snapshot and restore everything learned.
+
+Learned state is per (model, category, method), pooled over engines; bookkeeping (seq, gaps, policy age,
+batch mix) is per engine; a policy is tailored to the asking engine's k_max, drafter and batch. Nothing
+here does I/O or reads a clock; the service serialises calls (one lock) so no internal locking is done.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+from controller.core.config import BrainConfig
+from controller.core.cost import PRESETS, is_model_free
+from controller.core.engines import EngineBook
+from controller.core.entropy import classify
+from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
+from controller.core.learner import ModelState
+from controller.core.overrides import Override, active_overrides
+from controller.core.policy import goodput
+from controller.core.policy.types import (
+    CategoryDecision,
+    CategoryInput,
+    Choice,
+    Decision,
+    MethodProfile,
+    PolicySnapshot,
+)
+from controller.core.views import (
+    CategoryMetrics,
+    CategoryView,
+    DecisionView,
+    EngineMetrics,
+    EngineView,
+    MethodCounters,
+    MethodView,
+    MetricsSnapshot,
+    PositionView,
+)
+from controller.protocol import (
+    CATEGORY_PATTERN,
+    MAX_K,
+    METHOD_ENGINE,
+    METHOD_OFF,
+    AdaptRule,
+    CategoryPolicy,
+    Policy,
+    SpecConfig,
+    TelemetryBatch,
+)
+
+_WIRE_NAME = re.compile(CATEGORY_PATTERN)
+DUMP_FORMAT = "specctl-brain"
+DUMP_VERSION = 1
+#: Bounds on state that clients can grow (models, engines, cached policies).
+MAX_MODELS = 64
+MAX_ENGINES = 4096
+MAX_CACHED_POLICIES = 512
+MAX_POLICY_CATEGORIES = 1024
+
+
+class IngestRejected(Exception):
+    """A batch that passed the schema but makes no sense; the service answers 422 with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    outcome: Literal["accepted", "duplicate"]
+    gaps: int
+
+
+_Key = tuple[str, str, int, tuple[str, ...], str]
+
+
+@dataclass
+class _Cached:
+    computed_at: float
+    decision: Decision
+
+
+@dataclass
+class _Served:
+    content: tuple
+    policy: Policy
+
+
+def _key(model: str, spec: SpecConfig, engine_id: str | None) -> _Key:
+    return (model, spec.method, spec.k_max, tuple(sorted(set(spec.model_free_methods))), engine_id or "")
+
+
+def _engine_methods(spec: SpecConfig) -> tuple[str, ...]:
+    out: list[str] = []
+    if spec.method != METHOD_OFF and spec.k_max > 0:
+        out.append(spec.method)
+    for m in spec.model_free_methods:
+        if m not in out and m not in (METHOD_OFF, METHOD_ENGINE):
+            out.append(m)
+    return tuple(out)
+
+
+class Brain:
+    def __init__(self, config: BrainConfig) -> None:
+        self.config = config
+        self._preset = PRESETS[config.policy.cost_preset]
+        self._models: dict[str, ModelState] = {}
+        self._engines: dict[str, EngineBook] = {}
+        self._overrides: tuple[Override, ...] = ()
+        self._decisions: dict[_Key, _Cached] = {}
+        self._served: dict[_Key, _Served] = {}
+        self._version = 0
+        self._rejected_unknown = 0
+        self._z = z_for(config.learner.confidence)
+
+    # -- ingest -----------------------------------------------------------------------------------------------
+    def ingest(self, batch: TelemetryBatch, now: float) -> IngestResult:
+        book = self._engines.get(batch.engine_id)
+        self._validate(batch, book)
+        if book is None:
+            book = EngineBook(batch.engine_id)
+        outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
+        if outcome != "accepted":
+            if batch.engine_id in self._engines:
+                book.outcomes["duplicate"] += 1
+            return IngestResult("duplicate", book.gaps)
+        ms = self._models.get(batch.model_name)
+        if ms is None:
+            ms = ModelState(batch.model_name, self._preset, self.config.learner)
+        digest = ms.digest(batch, self.config.learner.max_categories_per_model)
+        # nothing above mutated state: a rejection leaves everything as it was
+        self._models.setdefault(batch.model_name, ms)
+        self._engines.setdefault(batch.engine_id, book)
+        ms.apply(digest, now, self.config.learner, book.mix)
+        book.record(batch.boot_id, batch.seq, gap_delta, batch.dropped_steps)
+        book.model = batch.model_name
+        book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
+        book.model_free_methods = tuple(batch.spec.model_free_methods)
+        book.steps += digest.steps
+        book.step_seconds += digest.step_seconds
+        book.last_seen = now
+        if batch.policy_version is not None:
+            book.policy_version_reported = batch.policy_version
+        book.outcomes["accepted"] += 1
+        return IngestResult("accepted", book.gaps)
+
+    def _validate(self, batch: TelemetryBatch, book: EngineBook | None) -> None:
+        if book is None and len(self._engines) >= MAX_ENGINES:
+            raise IngestRejected(f"too many engines (limit {MAX_ENGINES})")
+        if batch.model_name not in self._models and len(self._models) >= MAX_MODELS:
+            raise IngestRejected(f"too many models (limit {MAX_MODELS})")
+        if book is not None and book.boot_id == batch.boot_id and book.model and book.model != batch.model_name:
+            raise IngestRejected(f"engine {batch.engine_id} reports model {book.model!r} in this boot, "
+                                 f"not {batch.model_name!r}")
+        k_max = batch.spec.k_max
+        for i, step in enumerate(batch.steps):
+            seen: set[tuple[str, str]] = set()
+            requests = 0
+            for cs in step.categories:
+                key = (cs.category, cs.method)
+                if key in seen:
+                    raise IngestRejected(f"step {i}: category {cs.category!r} method {cs.method!r} reported twice")
+                seen.add(key)
+                requests += cs.requests
+                if cs.method == METHOD_OFF and cs.hists:
+                    raise IngestRejected(f"step {i}: category {cs.category!r} has drafts under method 'off'")
+                for h in cs.hists:
+                    if h.k > k_max:
+                        raise IngestRejected(f"step {i}: category {cs.category!r} drafted k={h.k} above the "
+                                             f"engine's k_max={k_max}")
+                if METHOD_OFF in cs.counterfactual or METHOD_ENGINE in cs.counterfactual:
+                    raise IngestRejected(f"step {i}: counterfactual method must name a drafter")
+                for m, hs in cs.counterfactual.items():
+                    if len({h.k for h in hs}) != len(hs):
+                        raise IngestRejected(f"step {i}: counterfactual {m!r}: one histogram per proposal length")
+            if requests > step.batch_size:
+                raise IngestRejected(f"step {i}: categories hold {requests} requests, batch_size is "
+                                     f"{step.batch_size}")
+
+    def record_rejected(self, engine_id: str | None) -> None:
+        book = self._engines.get(engine_id) if engine_id else None
+        if book is not None:
+            book.outcomes["rejected"] += 1
+        else:
+            self._rejected_unknown += 1  # unknown ids are not given state: a client could invent many
+
+    # -- overrides ----------------------------------------------------------------------------------------------
+    def set_overrides(self, overrides: Iterable[Override]) -> None:
+        self._overrides = tuple(overrides)
+
+    # -- policy -------------------------------------------------------------------------------------------------
+    def policy_for(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> Policy:
+        key = _key(model, spec, engine_id)
+        decision = self._decision(key, spec, now)
+        policy = self._wire(key, decision, spec, now)
+        book = self._engines.get(engine_id) if engine_id else None
+        if book is not None:
+            book.policy_served_at = now
+            book.policy_version_served = policy.version
+        return policy
+
+    def _decision(self, key: _Key, spec: SpecConfig, now: float) -> Decision:
+        cached = self._decisions.get(key)
+        if cached is not None and 0 <= now - cached.computed_at < self.config.policy.interval_s:
+            return cached.decision
+        snap = self._snapshot(key, spec, now, cached.decision if cached else None)
+        decision = goodput.decide(snap, self.config.policy)
+        self._decisions.pop(key, None)
+        self._decisions[key] = _Cached(now, decision)
+        while len(self._decisions) > MAX_CACHED_POLICIES:
+            self._decisions.pop(next(iter(self._decisions)))
+        return decision
+
+    def _profiles(self, ms: ModelState, category: str, k: int, now: float) -> tuple[MethodProfile, ...]:
+        ls = self.config.learner
+        out = []
+        for method, est in ms.categories[category].methods.items():
+            est.decay_to(now, ls.half_life_s)
+            out.append(self._profile(method, est, k))
+        return tuple(out)
+
+    def _profile(self, method: str, est: AcceptanceEstimator, k: int) -> MethodProfile:
+        ls = self.config.learner
+        return MethodProfile(method, tuple(est.betas(max(k, 1), ls.prior_mean, ls.prior_strength)), est.evidence,
+                             est.cf_drafts > est.real_drafts, is_model_free(method),
+                             float(est.cum.drafts + est.cf_cum.drafts))
+
+    def _snapshot(self, key: _Key, spec: SpecConfig, now: float, previous: Decision | None) -> PolicySnapshot:
+        model, engine_id = key[0], key[4]
+        ms = self._models.get(model)
+        methods = _engine_methods(spec)
+        cost = (ms.cost.coefficients() if ms else self._preset)
+        if ms is None:
+            return PolicySnapshot((), (), 1.0, 0.0, cost, spec.k_max, spec.method, methods)
+        ls = self.config.learner
+        book = self._engines.get(engine_id) if engine_id else None
+        mix = book.mix if book is not None and book.mix.batch_size else ms.mix
+        mix.decay_to(now, ls.mix_half_life_s)
+        batch_size = mix.batch_size or 1.0
+        shares = mix.shares()
+        prev = previous.by_name() if previous else {}
+        cats = []
+        for name in ms.categories:
+            p = prev.get(name)
+            choice = Choice(p.k, p.method) if p is not None and p.source in ("policy", "probe") else None
+            cats.append(CategoryInput(name, shares.get(name, 0.0), self._profiles(ms, name, spec.k_max, now), choice))
+        pooled = tuple(self._profile(m, ms.pooled(m, now, ls.half_life_s), spec.k_max) for m in ms.methods())
+        prev_default = None
+        if previous is not None and previous.default.source == "default":
+            prev_default = Choice(previous.default.k, previous.default.method)
+        return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
+                              methods, prev_default, mix.extra_distribution())
+
+    def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
+        active = active_overrides(self._overrides, now)
+        default = self._category_policy(decision.default, spec)
+        cats: dict[str, CategoryPolicy] = {}
+        for d in decision.categories:
+            if _WIRE_NAME.match(d.name):  # the overflow bucket is no engine's category: those use the default
+                cats[d.name] = self._category_policy(d, spec)
+        for name, ov in active.items():
+            if name in cats or len(cats) < MAX_POLICY_CATEGORIES:
+                cats[name] = _apply_override(cats.get(name, default), ov, spec)
+        content = (self.config.policy.ttl_s, _content(default),
+                   tuple(sorted((n, _content(p)) for n, p in cats.items())))
+        served = self._served.get(key)
+        if served is not None and served.content == content:
+            return served.policy
+        self._version += 1
+        policy = Policy(version=self._version, issued_at=now, ttl_s=self.config.policy.ttl_s, default=default,
+                        categories=cats)
+        self._served.pop(key, None)
+        self._served[key] = _Served(content, policy)
+        while len(self._served) > MAX_CACHED_POLICIES:
+            self._served.pop(next(iter(self._served)))
+        return policy
+
+    @staticmethod
+    def _category_policy(d: CategoryDecision, spec: SpecConfig) -> CategoryPolicy:
+        def wire(m: str) -> str:
+            return METHOD_ENGINE if m == spec.method else m
+
+        k = min(d.k, spec.k_max)
+        if k == 0:
+            method = wire(d.probe_method) if d.probe_rate > 0 else METHOD_OFF
+            adapt = AdaptRule(k_min=0, k_max=0)
+        else:
+            method = wire(d.method)
+            lo, hi = min(d.adapt_k_min, k), min(max(d.adapt_k_max, k), spec.k_max)
+            adapt = AdaptRule(k_min=lo, k_max=hi)
+        probe_rate = min(d.probe_rate, 0.25) if k == 0 else 0.0
+        return CategoryPolicy(k=k, method=method, adapt=adapt, probe_rate=probe_rate,
+                              probe_k=min(d.probe_k, spec.k_max) if probe_rate > 0 else 0,
+                              source=d.source if d.source in ("policy", "probe", "default") else "policy",
+                              reason=d.reason[:512])
+
+    # -- reads --------------------------------------------------------------------------------------------------
+    def _view_key(self, model: str) -> tuple[_Key, SpecConfig] | None:
+        """The engine shape whose decision a category view shows: the model's most recently seen engine."""
+        books = [b for b in self._engines.values() if b.model == model and b.last_seen is not None]
+        if not books:
+            return None
+        b = max(books, key=lambda x: x.last_seen or 0.0)
+        spec = SpecConfig(method=b.spec_method or METHOD_OFF, k_max=b.spec_k_max,
+                          model_free_methods=list(b.model_free_methods))
+        return _key(model, spec, b.engine_id), spec
+
+    def categories(self, now: float) -> list[CategoryView]:
+        return [v for model in self._models for v in self._model_views(model, now)]
+
+    def category(self, name: str, now: float, model: str | None = None) -> CategoryView | None:
+        models = [model] if model is not None else list(self._models)
+        for m in models:
+            ms = self._models.get(m)
+            if ms is not None and name in ms.categories:
+                return self._category_view(m, name, now, self._effective(m, now))
+        return None
+
+    def _effective(self, model: str, now: float) -> tuple[Decision, Policy, SpecConfig, str] | None:
+        vk = self._view_key(model)
+        if vk is None:
+            return None
+        key, spec = vk
+        decision = self._decision(key, spec, now)
+        return decision, self._wire(key, decision, spec, now), spec, f"{spec.method}/{spec.k_max}"
+
+    def _model_views(self, model: str, now: float) -> list[CategoryView]:
+        eff = self._effective(model, now)
+        return [self._category_view(model, c, now, eff) for c in self._models[model].categories]
+
+    def _primary(self, ms: ModelState, category: str) -> tuple[str, AcceptanceEstimator] | None:
+        methods = ms.categories[category].methods
+        if not methods:
+            return None
+        name = max(methods, key=lambda m: (methods[m].real_drafts, methods[m].cf_drafts))
+        return name, methods[name]
+
+    def _method_view(self, method: str, est: AcceptanceEstimator, k: int) -> MethodView:
+        ls = self.config.learner
+        top = max(k, est.max_k, 1)
+        betas = est.betas(top, ls.prior_mean, ls.prior_strength)
+        positions = []
+        for i in range(top):
+            r, a = float(est.reached[i]), float(est.accepted[i])
+            lo, hi = wilson_interval(a, r, self._z)
+            positions.append(PositionView(i + 1, round(betas[i], 6), round(lo, 6), round(hi, 6), round(r, 3),
+                                          round(a, 3)))
+        mal = est.mean_acceptance_length()
+        return MethodView(method, est.cf_drafts > est.real_drafts, is_model_free(method), round(est.evidence, 3),
+                          round(est.real_drafts, 3), round(est.cf_drafts, 3), tuple(positions),
+                          None if mal is None else round(mal, 6),
+                          tuple(round(x, 6) for x in est.length_distribution()),
+                          tuple(round(x, 6) for x in expected_committed(betas[:k])), est.cum.drafts,
+                          est.cum.accepted_tokens)
+
+    def _category_view(self, model: str, category: str, now: float,
+                       eff: tuple[Decision, Policy, SpecConfig, str] | None) -> CategoryView:
+        ls = self.config.learner
+        ms = self._models[model]
+        st = ms.categories[category]
+        k = eff[2].k_max if eff else max((e.max_k for e in st.methods.values()), default=0)
+        for est in st.methods.values():
+            est.decay_to(now, ls.half_life_s)
+        methods = tuple(self._method_view(m, e, k) for m, e in st.methods.items())
+        primary = self._primary(ms, category)
+        top_view = next((v for v in methods if primary and v.method == primary[0]), None)
+        entropy = self._entropy(st)
+        ms.mix.decay_to(now, ls.mix_half_life_s)
+        share = ms.mix.shares().get(category, 0.0)
+        return CategoryView(
+            model, category, primary[0] if primary else None, top_view.positions if top_view else (),
+            top_view.mean_acceptance_length if top_view else None,
+            top_view.acceptance_length_distribution if top_view else (), entropy, round(share, 6),
+            st.request_steps, st.committed_tokens, st.spec_off_request_steps, methods,
+            self._decision_view(category, eff, now))
+
+    def _entropy(self, st) -> dict:
+        """Entropy class from the drafter that predicts the category best (lowest surprise bits).
+
+        A drafter can only be worse than the target's own distribution, so the best-accepted drafter with
+        enough evidence is the closest view of how predictable the category is.
+        """
+        ls = self.config.learner
+        best = None
+        for method, est in st.methods.items():
+            top = max(est.max_k, 1)
+            ever = est.cum.drafts + est.cf_cum.drafts  # like the policy: evidence ever seen makes it known
+            need = 0.0 if ever >= self.config.policy.min_evidence else self.config.policy.min_evidence
+            c = classify(est.betas(top, ls.prior_mean, ls.prior_strength), [float(x) for x in est.reached[:top]],
+                         need)
+            if best is None or (c.bits is not None and (best[1].bits is None or c.bits < best[1].bits)):
+                best = (method, c)
+        if best is None:
+            return {**classify([], [], self.config.policy.min_evidence).to_dict(), "method": None}
+        return {**best[1].to_dict(), "method": best[0] if best[1].bits is not None else None}
+
+    def _decision_view(self, category: str, eff, now: float) -> DecisionView | None:
+        if eff is None:
+            return None
+        decision, policy, spec, shape = eff
+        d = decision.by_name().get(category, decision.default)
+        cp = policy.categories.get(category, policy.default)
+        ov = active_overrides(self._overrides, now).get(category)
+        method = d.method if cp.source != "override" else cp.method
+        if cp.source != "override" and cp.k == 0:
+            method = METHOD_OFF
+        return DecisionView(
+            cp.k, method, cp.source, cp.reason, d.speedup, d.expected_committed, cp.adapt.k_min, cp.adapt.k_max,
+            cp.probe_rate, cp.probe_k, d.best_method, d.best_method_speedup, round(decision.batch_size, 4), shape,
+            tuple({"k": r.k, "method": r.method, "expected_committed": r.expected_committed, "step_ms": r.step_ms,
+                   "goodput_tokens_per_s": r.goodput, "speedup": r.speedup} for r in d.table),
+            ov.to_dict() if ov else None)
+
+    def engines(self, now: float) -> list[EngineView]:
+        out = []
+        for b in self._engines.values():
+            b.mix.decay_to(now, self.config.learner.mix_half_life_s)
+            bs = b.mix.batch_size
+            out.append(EngineView(
+                b.engine_id, b.model, b.boot_id, b.spec_method, b.spec_k_max, b.model_free_methods, b.max_seq,
+                dict(b.outcomes), b.gaps, b.dropped_steps, b.steps, round(b.step_seconds, 6),
+                None if b.last_seen is None else max(0.0, now - b.last_seen), b.policy_version_served,
+                b.policy_version_reported, None if b.policy_served_at is None else max(0.0, now - b.policy_served_at),
+                None if bs is None else round(bs, 4), {c: round(v, 6) for c, v in b.mix.shares().items()}))
+        return out
+
+    def metrics(self, now: float) -> MetricsSnapshot:
+        ls = self.config.learner
+        methods: list[MethodCounters] = []
+        cats: list[CategoryMetrics] = []
+        ratios: list[tuple[str, str, float]] = []
+        for model, ms in self._models.items():
+            eff = self._effective(model, now)
+            for name, st in ms.categories.items():
+                lengths = [0] * (MAX_K + 1)
+                accepted = 0
+                for m, est in st.methods.items():
+                    est.decay_to(now, ls.half_life_s)
+                    for cf, cum in ((False, est.cum), (True, est.cf_cum)):
+                        if cum.drafts == 0:
+                            continue
+                        top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
+                        methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens,
+                                                      cum.accepted_tokens, tuple(cum.per_pos[: max(top, 1)]),
+                                                      tuple(cum.lengths[: top + 1])))
+                        if not cf:
+                            for j, v in enumerate(cum.lengths):
+                                lengths[j] += v
+                            accepted += cum.accepted_tokens
+                cats.append(self._category_metrics(model, ms, name, st, lengths, accepted, eff, now))
+            known = set(ms.methods()) | {b.spec_method for b in self._engines.values()
+                                         if b.model == model and b.spec_method not in ("", METHOD_OFF)}
+            coef = ms.cost.coefficients()
+            ratios.extend((model, m, round(coef.draft_cost_ratio(m), 6)) for m in sorted(known))
+        engines = tuple(
+            EngineMetrics(b.engine_id, b.model, dict(b.outcomes), b.gaps, b.dropped_steps,
+                          None if b.policy_served_at is None else max(0.0, now - b.policy_served_at), b.steps,
+                          b.step_seconds)
+            for b in self._engines.values())
+        ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
+        overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
+        return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
+                               self._rejected_unknown)
+
+    def _category_metrics(self, model, ms, name, st, lengths, accepted, eff, now) -> CategoryMetrics:
+        top = max((i for i, v in enumerate(lengths) if v), default=0)
+        k_view = eff[2].k_max if eff else 0
+        top = max(top, k_view)
+        primary = self._primary(ms, name)
+        entropy = self._entropy(st)
+        ls = self.config.learner
+        betas: tuple[float, ...] = ()
+        mal = None
+        if primary is not None:
+            est = primary[1]
+            betas = tuple(round(b, 6) for b in est.betas(max(k_view, est.max_k, 1), ls.prior_mean,
+                                                          ls.prior_strength))
+            mal = est.mean_acceptance_length()
+        k = method = source = speedup = best = None
+        if eff is not None:
+            dv = self._decision_view(name, eff, now)
+            k, method, source, speedup, best = dv.k, dv.method, dv.source, dv.estimated_speedup, dv.best_method
+        return CategoryMetrics(model, name, st.request_steps, st.committed_tokens, st.spec_off_request_steps,
+                               tuple(lengths[: top + 1]), accepted, k, method, source, entropy["class"],
+                               entropy["bits"],
+                               mal, betas, speedup, best)
+
+    # -- persistence --------------------------------------------------------------------------------------------
+    def dump(self) -> dict:
+        return {
+            "format": DUMP_FORMAT, "version": DUMP_VERSION, "policy_version": self._version,
+            "cost_preset": self.config.policy.cost_preset,
+            "models": {m: ms.to_dict() for m, ms in self._models.items()},
+            "engines": {e: b.to_dict() for e, b in self._engines.items()},
+            "rejected_unknown": self._rejected_unknown,
+        }
+
+    @classmethod
+    def load(cls, data: dict, config: BrainConfig) -> "Brain":
+        brain = cls(config)
+        if not isinstance(data, dict) or data.get("format") != DUMP_FORMAT or data.get("version") != DUMP_VERSION:
+            return brain  # unknown or old layout: start fresh rather than misread it
+        try:
+            brain._version = max(0, int(data.get("policy_version", 0)))
+            brain._rejected_unknown = max(0, int(data.get("rejected_unknown", 0)))
+        except (TypeError, ValueError):
+            pass
+        for name, md in _items(data.get("models")):
+            if len(brain._models) >= MAX_MODELS:
+                break
+            try:
+                brain._models[str(name)] = ModelState.from_dict(str(name), md, brain._preset, config.learner)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        for eid, ed in _items(data.get("engines")):
+            if len(brain._engines) >= MAX_ENGINES:
+                break
+            try:
+                brain._engines[str(eid)] = EngineBook.from_dict(ed)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        return brain
+
+
+def _items(d) -> list:
+    return list(d.items()) if isinstance(d, dict) else []
+
+
+def _content(p: CategoryPolicy) -> tuple:
+    """What an engine acts on (the reason text is not part of the version)."""
+    return (p.k, p.method, p.adapt.k_min, p.adapt.k_max, p.adapt.drop_after, p.adapt.climb_after, p.probe_rate,
+            p.probe_k, p.source)
+
+
+def _apply_override(base: CategoryPolicy, ov: Override, spec: SpecConfig) -> CategoryPolicy:
+    who = f" by {ov.actor}" if ov.actor else ""
+    why = f": {ov.reason}" if ov.reason else ""
+    if ov.off or spec.k_max == 0:
+        reason = f"override{who}: speculation off{why}" if ov.off else f"override{who}: engine has k_max=0{why}"
+        return CategoryPolicy(k=0, method=METHOD_OFF, adapt=AdaptRule(k_min=0, k_max=0), source="override",
+                              reason=reason[:512])
+    available = set(_engine_methods(spec)) | {METHOD_ENGINE}
+    method = base.method
+    note = ""
+    if ov.method is not None:
+        pinned = METHOD_ENGINE if ov.method == spec.method else ov.method
+        if pinned in available:
+            method = pinned
+        else:
+            note = f" (pinned method {ov.method!r} not available on this engine; kept {method!r})"
+    if method == METHOD_OFF:
+        method = METHOD_ENGINE if spec.method != METHOD_OFF else next(iter(_engine_methods(spec)), METHOD_OFF)
+    if ov.k is not None:
+        k = min(ov.k, spec.k_max)
+        adapt = AdaptRule(k_min=k, k_max=k)
+        what = f"k={k}"
+    else:
+        k = base.k if base.k > 0 else 1
+        adapt = base.adapt if base.k > 0 and base.method == method else AdaptRule(k_min=k, k_max=k)
+        what = f"method={method}"
+    if k == 0:
+        method = METHOD_OFF
+    reason = f"override{who}: {what}{why}{note}"
+    return CategoryPolicy(k=k, method=method, adapt=adapt, source="override", reason=reason[:512])

@@ -1,0 +1,136 @@
+"""Settings of the pure controller logic, one pydantic-settings class per concern.
+
+The service builds them from the environment (``SPECCTL_LEARN_*``, ``SPECCTL_POLICY_*``) and hands the
+frozen :class:`BrainConfig` to :class:`controller.core.brain.Brain`; the core never reads the environment
+itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.protocol import MAX_K
+
+
+class LearnerSettings(BaseSettings):
+    """How telemetry turns into learned acceptance and cost estimates."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECCTL_LEARN_", frozen=True, extra="ignore")
+
+    half_life_s: float = Field(
+        default=120.0, gt=0, le=86_400,
+        description="seconds; weight of acceptance evidence halves every half_life_s. 120 s follows a workload "
+        "shift within a few minutes while pooling thousands of drafts per category",
+    )
+    mix_half_life_s: float = Field(
+        default=10.0, gt=0, le=3_600,
+        description="seconds; half-life of the observed batch size and category mix. Load moves faster than "
+        "acceptance, so the batch the policy optimises for must follow within seconds",
+    )
+    cost_half_life_s: float = Field(
+        default=300.0, gt=0, le=86_400,
+        description="seconds; half-life of step-timing evidence for the cost model. Hardware does not drift, "
+        "but a long memory would let a short hiccup weigh forever",
+    )
+    prior_mean: float = Field(
+        default=0.5, gt=0, lt=1,
+        description="probability; Beta prior mean of the conditional acceptance at position 1 (later positions "
+        "are shrunk toward the estimate of the position before). 0.5 says 'no idea' symmetrically",
+    )
+    prior_strength: float = Field(
+        default=4.0, gt=0, le=10_000,
+        description="pseudo-drafts; weight of the Beta prior. 4 means a handful of real drafts already dominate",
+    )
+    cost_prior_strength: float = Field(
+        default=10.0, gt=0, le=1e7,
+        description="pseudo-steps; ridge pull of the learned cost model toward the cold-start preset. "
+        "Directions the telemetry does not excite (e.g. batch sizes never seen) stay at the preset; an engine "
+        "reports tens of steps per second, so 10 yields to measurements within a second where they exist",
+    )
+    max_categories_per_model: int = Field(
+        default=64, ge=1, le=1024,
+        description="categories; beyond this many per model, new names are pooled into the overflow category "
+        "(and counted) so a client cannot grow the controller's state without bound",
+    )
+    confidence: float = Field(
+        default=0.95, gt=0.5, lt=1,
+        description="probability; coverage of the Wilson intervals shown for conditional acceptance",
+    )
+
+
+class PolicySettings(BaseSettings):
+    """How learned estimates turn into per-category k and method."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECCTL_POLICY_", frozen=True, extra="ignore")
+
+    interval_s: float = Field(
+        default=2.0, gt=0, le=600,
+        description="seconds; decisions are recomputed at most this often (cached in between). The engine "
+        "adapts each request every step; the controller only moves the per-category priors",
+    )
+    ttl_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="seconds; an engine applies a policy at most this long, then falls back to its static "
+        "config. 15 report intervals of slack before a dead controller stops steering",
+    )
+    min_evidence: float = Field(
+        default=200.0, ge=0,
+        description="drafts (decayed); a method's acceptance must rest on at least this many drafts before the "
+        "policy uses it; below it the category keeps the default",
+    )
+    hysteresis: float = Field(
+        default=0.03, ge=0, le=1,
+        description="relative gain; a category moves off its current decision only when the batch gains more "
+        "than this fraction of the category's own goodput. 3 % keeps k from flapping on noise",
+    )
+    probe_rate: float = Field(
+        default=0.05, ge=0, le=0.25,
+        description="share of requests; while a category is at k=0 this share still drafts (probe_k) so the "
+        "category can recover. Bounded further by probe_budget",
+    )
+    probe_k: int = Field(default=1, ge=1, le=2, description="draft tokens; proposal length of probing requests")
+    probe_budget: float = Field(
+        default=0.01, ge=0, le=0.25,
+        description="relative goodput; probing is throttled so its estimated cost stays below this share of "
+        "the batch goodput",
+    )
+    adapt_tolerance: float = Field(
+        default=0.03, ge=0, le=0.5,
+        description="relative goodput; per-request adaptation may move k within the band of k whose batch "
+        "goodput is within this share of the optimum, so the fast loop cannot cost more than this",
+    )
+    cost_preset: str = Field(
+        default="cpu",
+        description="name; cold-start step-cost model (cpu, h200, mi300x, mi355x) until measured timings "
+        "replace it",
+    )
+    explore_window_s: float = Field(
+        default=10.0, ge=0, le=3600,
+        description="seconds; a category with too few drafts of the engine's own drafter runs that drafter "
+        "(priced with the pooled profile) when min_evidence drafts take at most this long at its share of "
+        "the batch; slower to measure, it relies on probing instead. Model-free drafters need none of this: "
+        "they are scored on every request",
+    )
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> "PolicySettings":
+        from controller.core.cost import PRESETS
+
+        if self.cost_preset not in PRESETS:
+            raise ValueError(f"cost_preset must be one of {sorted(PRESETS)}")
+        return self
+
+
+@dataclass(frozen=True)
+class BrainConfig:
+    """Everything :class:`~controller.core.brain.Brain` needs, frozen (built by the service)."""
+
+    learner: LearnerSettings = field(default_factory=LearnerSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+    @property
+    def k_cap(self) -> int:
+        return MAX_K

@@ -1,0 +1,267 @@
+"""Step-cost model: seconds per engine step as a function of what the step does, learned online.
+
+Model (``n`` = requests in the step, ``N`` = scheduled tokens, ``d`` = drafting depth of a model-based
+drafter, ``D_free`` = tokens drafted by model-free methods)::
+
+    T = base + per_request*n + per_token*N + per_token_above_knee*max(0, N - knee)      (verify)
+        + [d > 0]*(draft_fixed + draft_fixed_per_request*n) + d*(draft_pass + draft_pass_per_request*n)
+        + free_draft_token*D_free                                                        (drafting)
+
+Why this shape: a decode step on a memory-bound GPU reads all weights once, so up to a *knee* the time is
+nearly flat in tokens (``base`` + small slopes); past the knee it becomes compute-bound and every token
+pays ``per_token_above_knee``. A model-based drafter (draft model, EAGLE, MTP) runs ``d`` sequential passes
+over the whole batch (vLLM drafts one depth for the batch: the max k asked of any request), plus a fixed
+catch-up pass; model-free drafters (n-gram, suffix) cost CPU time per drafted token only.
+
+Learning: the coefficients are a ridge-regularised least-squares fit over step timings with exponential
+forgetting, pulled toward a cold-start preset (``prior_strength`` pseudo-steps): directions the engine's
+traffic never excites (a batch size never seen, a depth never used) keep the preset's value. The knee is
+a preset constant (it is not identifiable from a steady workload). Coefficients are kept non-negative.
+
+Presets (derivations in docs/policy.md and bench/sim/fit_presets.py):
+  * ``h200``: fitted to 40 vLLM 0.26 runs on one H200 (Llama-3-8B-shaped target, 4-layer draft model,
+    batch 1..256, k 0..7; bench/sim/data/h200_vllm026_static_k.jsonl), 9 % rms relative error on run time;
+  * ``mi300x`` / ``mi355x``: the H200 fit rescaled by roofline: memory-bound terms by the HBM bandwidth
+    ratio (4.8 TB/s -> 5.3 / 8.0 TB/s), compute-bound terms by the dense bf16 FLOP/s ratio (989 TFLOP/s ->
+    1.3 / 2.5 PFLOP/s), host overhead unchanged, knee moved to where the two meet;
+  * ``cpu``: this project's vLLM CPU engine (SmolLM2-135M, n-gram): ~1.5 ms per step at 8 requests with a
+    verify cost almost linear in tokens (compute-bound, knee 0). Provisional until refitted from recorded
+    CPU engine steps with bench/sim/fit_presets.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+import numpy as np
+
+from controller.core.estimator import decay_factor
+from controller.protocol import METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX, StepRecord
+
+#: Drafters computed by the engine patch itself (CPU time per token, no GPU pass).
+FREE_METHODS = frozenset({METHOD_NGRAM, METHOD_SUFFIX})
+
+
+def is_model_free(method: str) -> bool:
+    return method in FREE_METHODS
+
+
+@dataclass(frozen=True)
+class CostCoefficients:
+    """Seconds (per unit named in the field) of the step-cost model above."""
+
+    base: float
+    per_request: float
+    per_token: float
+    per_token_above_knee: float
+    draft_fixed: float
+    draft_fixed_per_request: float
+    draft_pass: float
+    draft_pass_per_request: float
+    free_draft_token: float
+    knee: float  # tokens (a constant of the preset, not learned)
+
+    def step_time(self, n: float, tokens: float, depth: float = 0.0, free_tokens: float = 0.0) -> float:
+        t = self.base + self.per_request * n + self.per_token * tokens
+        if tokens > self.knee:
+            t += self.per_token_above_knee * (tokens - self.knee)
+        if depth > 0:
+            t += self.draft_fixed + self.draft_fixed_per_request * n
+            t += depth * (self.draft_pass + self.draft_pass_per_request * n)
+        return t + self.free_draft_token * free_tokens
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, f.name) for f in fields(self) if f.name != "knee"], dtype=float)
+
+    @classmethod
+    def from_vector(cls, vec, knee: float) -> "CostCoefficients":
+        names = [f.name for f in fields(cls) if f.name != "knee"]
+        return cls(**{n: float(v) for n, v in zip(names, vec)}, knee=float(knee))
+
+    def draft_cost_ratio(self, method: str) -> float:
+        """Seconds to draft one token with ``method`` for one request, over one plain decode step at n=1."""
+        plain = self.step_time(1, 1)
+        if is_model_free(method):
+            return self.free_draft_token / plain
+        one = self.draft_fixed + self.draft_fixed_per_request + self.draft_pass + self.draft_pass_per_request
+        return one / plain
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+N_FEATURES = 9
+
+
+def features(n: float, tokens: float, knee: float, depth: float, free_tokens: float) -> np.ndarray:
+    on = 1.0 if depth > 0 else 0.0
+    return np.array([1.0, n, tokens, max(0.0, tokens - knee), on, on * n, depth, depth * n, free_tokens])
+
+
+#: Typical magnitude of each feature, so the ridge pull is comparable across coefficients.
+_SCALES = np.array([1.0, 32.0, 128.0, 128.0, 1.0, 32.0, 2.0, 64.0, 32.0])
+
+
+# --- presets ----------------------------------------------------------------------------------------------
+#: H200 fit (bench/sim/fit_presets.py on bench/sim/data/h200_vllm026_static_k.jsonl, knee grid step 16).
+H200 = CostCoefficients(
+    base=4.469e-3, per_request=1.142e-5, per_token=1.353e-5, per_token_above_knee=1.920e-5,
+    draft_fixed=9.904e-4, draft_fixed_per_request=5.023e-5, draft_pass=9.464e-4, draft_pass_per_request=2.11e-6,
+    free_draft_token=2.0e-6, knee=400.0,
+)
+#: Host-side part of H200's ``base`` (launch + scheduling): base minus reading 16.06 GB of bf16 weights at
+#: 4.8 TB/s (3.35 ms). It does not scale with the accelerator.
+H200_HOST_OVERHEAD_S = H200.base - 16.06e9 / 4.8e12
+H200_BW, H200_FLOPS = 4.8e12, 989e12
+
+
+def roofline_from_h200(bandwidth: float, flops: float) -> CostCoefficients:
+    """Rescale the H200 fit to another accelerator: memory terms by bandwidth, compute terms by FLOP/s."""
+    mem = H200_BW / bandwidth
+    comp = H200_FLOPS / flops
+    h = H200
+    return replace(
+        h,
+        base=H200_HOST_OVERHEAD_S + (h.base - H200_HOST_OVERHEAD_S) * mem,
+        per_request=h.per_request * mem,  # KV-cache reads
+        per_token=h.per_token * mem,  # activations below the knee
+        per_token_above_knee=h.per_token_above_knee * comp,
+        draft_fixed=h.draft_fixed * mem,
+        draft_fixed_per_request=h.draft_fixed_per_request * mem,
+        draft_pass=h.draft_pass * mem,
+        draft_pass_per_request=h.draft_pass_per_request * mem,
+        knee=h.knee * mem / comp,  # the token count where compute time catches up with the weight read
+    )
+
+
+CPU = CostCoefficients(
+    base=0.9e-3, per_request=0.0, per_token=7.5e-5, per_token_above_knee=0.0,
+    draft_fixed=3.0e-4, draft_fixed_per_request=2.0e-5, draft_pass=3.0e-4, draft_pass_per_request=2.0e-5,
+    free_draft_token=3.0e-6, knee=0.0,
+)
+
+PRESETS: dict[str, CostCoefficients] = {
+    "cpu": CPU,
+    "h200": H200,
+    "mi300x": roofline_from_h200(5.3e12, 1.3e15),
+    "mi355x": roofline_from_h200(8.0e12, 2.5e15),
+}
+
+
+# --- step features from telemetry ---------------------------------------------------------------------------
+def step_shape(step: StepRecord, engine_method: str) -> tuple[float, float, float, float]:
+    """(n, tokens, model-drafter depth, free draft tokens) of one reported step."""
+    free = 0
+    model_k = 0
+    for cat in step.categories:
+        if cat.method == METHOD_OFF:
+            continue
+        tokens = sum(h.k * h.drafts for h in cat.hists)
+        if is_model_free(cat.method):
+            free += tokens
+        elif tokens:
+            model_k = max(model_k, max(h.k for h in cat.hists if h.drafts))
+    model_drafter = engine_method not in FREE_METHODS and engine_method != METHOD_OFF
+    depth = 0
+    if model_drafter and step.draft_tokens > free:
+        depth = step.draft_depth or model_k or 1
+    if not step.categories and not model_drafter:
+        free = step.draft_tokens
+    return float(step.batch_size), float(step.scheduled_tokens), float(depth), float(free)
+
+
+class OnlineCostModel:
+    """Ridge-regularised, exponentially forgotten least squares toward a preset (see module docstring)."""
+
+    __slots__ = ("preset", "prior_strength", "xtx", "xty", "weight", "t_last", "_cached", "steps_total",
+                 "seconds_total")
+
+    def __init__(self, preset: CostCoefficients, prior_strength: float = 10.0) -> None:
+        self.preset = preset
+        self.prior_strength = prior_strength
+        self.xtx = np.zeros((N_FEATURES, N_FEATURES))
+        self.xty = np.zeros(N_FEATURES)
+        self.weight = 0.0  # decayed number of steps
+        self.t_last: float | None = None
+        self._cached: CostCoefficients | None = None
+        self.steps_total = 0
+        self.seconds_total = 0.0
+
+    def decay_to(self, now: float, half_life_s: float) -> None:
+        if self.t_last is not None:
+            f = decay_factor(now - self.t_last, half_life_s)
+            if f < 1.0:
+                self.xtx *= f
+                self.xty *= f
+                self.weight *= f
+                self._cached = None
+        if self.t_last is None or now > self.t_last:
+            self.t_last = now
+
+    def add(self, n: float, tokens: float, depth: float, free: float, wall_s: float) -> None:
+        self.add_many([(n, tokens, depth, free, wall_s)])
+
+    def add_many(self, shapes: list[tuple[float, float, float, float, float]]) -> None:
+        """Add (n, tokens, depth, free, wall_s) rows at once (one matrix product per batch)."""
+        rows = [r for r in shapes if r[0] > 0 and r[4] > 0]
+        self.steps_total += len(shapes)
+        self.seconds_total += sum(r[4] for r in shapes)
+        if not rows:
+            return
+        arr = np.asarray(rows, dtype=float)
+        n, tok, depth, free, wall = arr.T
+        on = (depth > 0).astype(float)
+        x = np.column_stack([np.ones_like(n), n, tok, np.maximum(tok - self.preset.knee, 0.0), on, on * n, depth,
+                             depth * n, free]) / _SCALES
+        # A GC pause or a prefill burst must not drag the fit: cap each step at 4x the batch's median
+        # ratio to the preset. The cap depends on the batch alone, so merging stays order-independent.
+        pred = x @ (self.preset.vector() * _SCALES)
+        typical = float(np.median(wall / pred))
+        y = np.minimum(wall, 4.0 * typical * pred + 1e-3)
+        self.xtx += x.T @ x
+        self.xty += x.T @ y
+        self.weight += len(rows)
+        self._cached = None
+
+    def coefficients(self) -> CostCoefficients:
+        if self._cached is None:
+            if self.weight <= 0:
+                self._cached = self.preset
+            else:
+                self._cached = CostCoefficients.from_vector(self._solve() / _SCALES, self.preset.knee)
+        return self._cached
+
+    def _solve(self) -> np.ndarray:
+        lam = self.prior_strength
+        prior = self.preset.vector() * _SCALES
+        free = np.ones(N_FEATURES, dtype=bool)
+        phi = np.zeros(N_FEATURES)
+        while free.any():
+            idx = np.flatnonzero(free)
+            a = self.xtx[np.ix_(idx, idx)] + lam * np.eye(len(idx))
+            sol = np.linalg.solve(a, self.xty[idx] + lam * prior[idx])
+            if np.all(sol >= 0):
+                phi[idx] = sol
+                return phi
+            free[idx[sol < 0]] = False  # clamp negative coefficients at zero and refit the rest
+        return phi
+
+    def to_dict(self) -> dict:
+        return {"xtx": self.xtx.tolist(), "xty": self.xty.tolist(), "weight": self.weight, "t_last": self.t_last,
+                "steps_total": self.steps_total, "seconds_total": self.seconds_total}
+
+    @classmethod
+    def from_dict(cls, d: dict, preset: CostCoefficients, prior_strength: float = 10.0) -> "OnlineCostModel":
+        m = cls(preset, prior_strength)
+        xtx = np.asarray(d["xtx"], dtype=float)
+        xty = np.asarray(d["xty"], dtype=float)
+        if xtx.shape != (N_FEATURES, N_FEATURES) or xty.shape != (N_FEATURES,):
+            raise ValueError("cost model shape mismatch")
+        if not (np.all(np.isfinite(xtx)) and np.all(np.isfinite(xty))):
+            raise ValueError("non-finite cost state")
+        m.xtx, m.xty = xtx, xty
+        m.weight = max(0.0, float(d["weight"]))
+        m.t_last = None if d.get("t_last") is None else float(d["t_last"])
+        m.steps_total = int(d.get("steps_total", 0))
+        m.seconds_total = float(d.get("seconds_total", 0.0))
+        return m

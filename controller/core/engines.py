@@ -1,0 +1,123 @@
+"""Per-engine telemetry bookkeeping: idempotency by (engine_id, boot_id, seq), gaps, outcomes, policy age.
+
+Dedup rule. Within one boot, ``seq`` grows by one per batch. The book keeps the highest seq seen and the
+set of seqs seen in the last ``WINDOW`` below it:
+  * a seq seen before                      -> duplicate (acknowledged, not counted again);
+  * a seq above the highest                -> accepted; every skipped seq is counted as a gap;
+  * a missing seq arriving late (in window) -> accepted; it was counted as a gap, so the gap is taken back;
+  * a seq older than the window            -> duplicate (it cannot be told apart from a retry; dropping is
+                                              the safe side: nothing is counted twice).
+A new ``boot_id`` starts a fresh seq space (the engine restarted); batches that still arrive from a
+retired boot are treated as duplicates. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.core.mix import Mix
+
+WINDOW = 4096
+RETIRED_BOOTS = 8
+
+
+@dataclass
+class EngineBook:
+    engine_id: str
+    model: str = ""
+    boot_id: str = ""
+    spec_method: str = ""
+    spec_k_max: int = 0
+    model_free_methods: tuple[str, ...] = ()
+    max_seq: int = -1
+    seen: set[int] = field(default_factory=set)
+    retired_boots: list[str] = field(default_factory=list)
+    gaps: int = 0
+    dropped_prev_boots: int = 0
+    dropped_this_boot: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicate": 0, "rejected": 0})
+    steps: int = 0
+    step_seconds: float = 0.0
+    last_seen: float | None = None
+    policy_served_at: float | None = None
+    policy_version_served: int | None = None
+    policy_version_reported: int | None = None
+    mix: Mix = field(default_factory=Mix)
+
+    @property
+    def dropped_steps(self) -> int:
+        return self.dropped_prev_boots + self.dropped_this_boot
+
+    def classify(self, boot_id: str, seq: int) -> tuple[str, int]:
+        """('accepted'|'duplicate'|'stale', gap delta) for a batch, without changing anything."""
+        if not self.boot_id:
+            return "accepted", 0  # first contact: what came before this controller is unknown, not missing
+        if boot_id != self.boot_id:
+            if boot_id in self.retired_boots:
+                return "stale", 0
+            return "accepted", seq  # a new boot: seqs 0..seq-1 of it are missing
+        if seq > self.max_seq:
+            return "accepted", seq - self.max_seq - 1
+        if seq in self.seen:
+            return "duplicate", 0
+        if seq > self.max_seq - WINDOW:
+            return "accepted", -1
+        return "duplicate", 0
+
+    def record(self, boot_id: str, seq: int, gap_delta: int, dropped_steps: int) -> None:
+        if boot_id != self.boot_id:
+            if self.boot_id:
+                self.retired_boots = (self.retired_boots + [self.boot_id])[-RETIRED_BOOTS:]
+            self.boot_id = boot_id
+            self.max_seq = -1
+            self.seen = set()
+            self.dropped_prev_boots += self.dropped_this_boot
+            self.dropped_this_boot = 0
+        self.seen.add(seq)
+        if seq > self.max_seq:
+            self.max_seq = seq
+            if len(self.seen) > 2 * WINDOW:
+                floor = self.max_seq - WINDOW
+                self.seen = {s for s in self.seen if s > floor}
+        self.gaps = max(0, self.gaps + gap_delta)
+        # the engine's counter is cumulative per boot; never let a smaller report shrink ours
+        self.dropped_this_boot = max(self.dropped_this_boot, dropped_steps)
+
+    def to_dict(self) -> dict:
+        return {
+            "engine_id": self.engine_id, "model": self.model, "boot_id": self.boot_id,
+            "spec_method": self.spec_method, "spec_k_max": self.spec_k_max,
+            "model_free_methods": list(self.model_free_methods), "max_seq": self.max_seq,
+            "seen": sorted(self.seen), "retired_boots": list(self.retired_boots), "gaps": self.gaps,
+            "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
+            "outcomes": dict(self.outcomes), "steps": self.steps, "step_seconds": self.step_seconds,
+            "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
+            "policy_version_served": self.policy_version_served,
+            "policy_version_reported": self.policy_version_reported, "mix": self.mix.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineBook":
+        b = cls(str(d["engine_id"]))
+        b.model = str(d.get("model", ""))
+        b.boot_id = str(d.get("boot_id", ""))
+        b.spec_method = str(d.get("spec_method", ""))
+        b.spec_k_max = int(d.get("spec_k_max", 0))
+        b.model_free_methods = tuple(str(m) for m in d.get("model_free_methods", []))
+        b.max_seq = int(d.get("max_seq", -1))
+        b.seen = {int(s) for s in d.get("seen", [])}
+        b.retired_boots = [str(x) for x in d.get("retired_boots", [])][-RETIRED_BOOTS:]
+        b.gaps = max(0, int(d.get("gaps", 0)))
+        b.dropped_prev_boots = max(0, int(d.get("dropped_prev_boots", 0)))
+        b.dropped_this_boot = max(0, int(d.get("dropped_this_boot", 0)))
+        outcomes = d.get("outcomes", {})
+        b.outcomes = {k: max(0, int(outcomes.get(k, 0))) for k in ("accepted", "duplicate", "rejected")}
+        b.steps = max(0, int(d.get("steps", 0)))
+        b.step_seconds = max(0.0, float(d.get("step_seconds", 0.0)))
+        b.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
+        b.policy_served_at = None if d.get("policy_served_at") is None else float(d["policy_served_at"])
+        for name in ("policy_version_served", "policy_version_reported"):
+            v = d.get(name)
+            setattr(b, name, None if v is None else int(v))
+        b.mix = Mix.from_dict(d["mix"]) if "mix" in d else Mix()
+        return b

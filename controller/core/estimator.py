@@ -1,0 +1,236 @@
+"""Per-position conditional acceptance with exponential forgetting (one estimator per model/category/method).
+
+Evidence from a histogram ``DraftHistogram(k, accepted=[n_0..n_k])`` (``n_j`` drafts had exactly ``j``
+tokens accepted), for position ``i = 1..k`` (1-based, as in the formulas):
+
+  * reached_i  = sum_{j >= i-1} n_j    (all tokens before position i were accepted)
+  * accepted_i = sum_{j >= i}   n_j    (the token at position i was accepted too)
+
+Conditional acceptance ``beta_i = P(accept i | accepted 1..i-1)`` has a Beta posterior
+``Beta(a_i + accepted_i, b_i + reached_i - accepted_i)``. The prior of position 1 has mean ``prior_mean``
+and weight ``prior_strength`` pseudo-drafts; the prior of position i > 1 has the same weight and the
+posterior mean of position i-1 as its mean, so positions that were never reached (k above anything
+drafted so far) extrapolate the last measured one instead of jumping back to 0.5.
+
+Forgetting: all counts are multiplied by ``2 ** (-(now - t_last) / half_life_s)`` before new evidence is
+added (time is injected). A uniform decay leaves the means unchanged and only shrinks the evidence, so
+an old category keeps its estimate but loses the confidence the guardrails ask for.
+
+Cumulative (never decayed) counters are kept alongside for Prometheus counters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controller.protocol import MAX_K
+
+_N = MAX_K + 1  # positions 1..MAX_K stored at index 0..MAX_K-1; lengths 0..MAX_K
+
+
+def decay_factor(dt: float, half_life_s: float) -> float:
+    """Weight left after ``dt`` seconds with the given half-life (1 for dt <= 0: clocks may repeat)."""
+    if dt <= 0:
+        return 1.0
+    return 0.5 ** (dt / half_life_s)
+
+
+def wilson_interval(successes: float, trials: float, z: float) -> tuple[float, float]:
+    """Wilson score interval; [0, 1] without trials. Works on decayed (fractional) counts."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    p = min(max(successes / trials, 0.0), 1.0)
+    denom = 1.0 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    lo = 0.0 if p <= 0 else max(0.0, min(p, centre - half))
+    hi = 1.0 if p >= 1 else min(1.0, max(p, centre + half))
+    return (lo, hi)
+
+
+def z_for(confidence: float) -> float:
+    """Two-sided normal quantile for a confidence level (inverse erf by bisection; no scipy)."""
+    target = confidence
+    lo, hi = 0.0, 10.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if math.erf(mid / math.sqrt(2)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def expected_committed(betas) -> list[float]:
+    """E(k) = 1 + sum_{i=1..k} prod_{j<=i} beta_j for k = 0..len(betas)."""
+    out = [1.0]
+    prod = 1.0
+    for b in betas:
+        prod *= b
+        out.append(out[-1] + prod)
+    return out
+
+
+def positions_from_hist(k: int, accepted: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reached, accepted) per position 1..k from one length histogram (index i-1 = position i)."""
+    counts = np.asarray(accepted, dtype=float)
+    tail = np.cumsum(counts[::-1])[::-1]  # tail[j] = sum_{l >= j} n_l
+    return tail[:k], tail[1 : k + 1]
+
+
+@dataclass
+class Cumulative:
+    """Never-decayed counters (Prometheus counters; they only grow)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    per_pos: list[int] | None = None  # accepted at position i (unconditional, vLLM's per-pos counter)
+    lengths: list[int] | None = None  # drafts with exactly j accepted
+
+    def __post_init__(self) -> None:
+        self.per_pos = list(self.per_pos or [0] * MAX_K)
+        self.lengths = list(self.lengths or [0] * _N)
+
+    def add(self, k: int, accepted: list[int]) -> None:
+        n = sum(accepted)
+        self.drafts += n
+        self.draft_tokens += k * n
+        self.accepted_tokens += sum(j * c for j, c in enumerate(accepted))
+        tail = 0
+        for j in range(k, 0, -1):
+            tail += accepted[j]
+            self.per_pos[j - 1] += tail
+        for j, c in enumerate(accepted):
+            self.lengths[j] += c
+
+    def to_dict(self) -> dict:
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "per_pos": list(self.per_pos), "lengths": list(self.lengths)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Cumulative":
+        per_pos = [int(x) for x in d.get("per_pos", [])][:MAX_K]
+        lengths = [int(x) for x in d.get("lengths", [])][:_N]
+        return cls(int(d["drafts"]), int(d["draft_tokens"]), int(d["accepted_tokens"]),
+                   per_pos + [0] * (MAX_K - len(per_pos)), lengths + [0] * (_N - len(lengths)))
+
+
+class AcceptanceEstimator:
+    """Decayed per-position evidence for one (model, category, method)."""
+
+    __slots__ = ("reached", "accepted", "lengths", "t_last", "max_k", "real_drafts", "cf_drafts", "cum", "cf_cum")
+
+    def __init__(self) -> None:
+        self.reached = np.zeros(MAX_K)
+        self.accepted = np.zeros(MAX_K)
+        self.lengths = np.zeros(_N)
+        self.t_last: float | None = None
+        self.max_k = 0
+        self.real_drafts = 0.0  # decayed drafts that were really run
+        self.cf_drafts = 0.0  # decayed drafts scored counterfactually
+        self.cum = Cumulative()
+        self.cf_cum = Cumulative()
+
+    # -- learning -------------------------------------------------------------------------------------------
+    def decay_to(self, now: float, half_life_s: float) -> None:
+        if self.t_last is not None:
+            f = decay_factor(now - self.t_last, half_life_s)
+            if f < 1.0:
+                self.reached *= f
+                self.accepted *= f
+                self.lengths *= f
+                self.real_drafts *= f
+                self.cf_drafts *= f
+        if self.t_last is None or now > self.t_last:
+            self.t_last = now
+
+    def add(self, k: int, accepted: list[int], counterfactual: bool) -> None:
+        """Add one (already validated) histogram; call :meth:`decay_to` first for the batch's time."""
+        reached, acc = positions_from_hist(k, accepted)
+        self.reached[:k] += reached
+        self.accepted[:k] += acc
+        self.lengths[: k + 1] += np.asarray(accepted, dtype=float)
+        n = float(sum(accepted))
+        if counterfactual:
+            self.cf_drafts += n
+            self.cf_cum.add(k, accepted)
+        else:
+            self.real_drafts += n
+            self.cum.add(k, accepted)
+        if n > 0:
+            self.max_k = max(self.max_k, k)
+
+    def merge_from(self, other: "AcceptanceEstimator") -> None:
+        """Pool another estimator's decayed evidence (both decayed to the same time first)."""
+        self.reached += other.reached
+        self.accepted += other.accepted
+        self.lengths += other.lengths
+        self.real_drafts += other.real_drafts
+        self.cf_drafts += other.cf_drafts
+        self.max_k = max(self.max_k, other.max_k)
+        if other.t_last is not None and (self.t_last is None or other.t_last > self.t_last):
+            self.t_last = other.t_last
+
+    # -- reading --------------------------------------------------------------------------------------------
+    @property
+    def evidence(self) -> float:
+        """Decayed drafts that reached position 1 (real + counterfactual)."""
+        return float(self.reached[0])
+
+    def betas(self, k: int, prior_mean: float, prior_strength: float) -> list[float]:
+        """Posterior mean conditional acceptance for positions 1..k (prior chained from the position before)."""
+        out: list[float] = []
+        mean = prior_mean
+        reached = self.reached
+        acc = self.accepted
+        for i in range(k):
+            r = float(reached[i])
+            mean = (prior_strength * mean + float(acc[i])) / (prior_strength + r)
+            out.append(mean)
+        return out
+
+    def length_distribution(self) -> list[float]:
+        total = float(self.lengths.sum())
+        top = max(self.max_k, 1)
+        if total <= 0:
+            return [0.0] * (top + 1)
+        return [float(x) / total for x in self.lengths[: top + 1]]
+
+    def mean_acceptance_length(self) -> float | None:
+        """vLLM's definition: 1 + accepted tokens per draft (decayed); None without drafts."""
+        total = float(self.lengths.sum())
+        if total <= 0:
+            return None
+        return 1.0 + float(np.dot(np.arange(_N), self.lengths)) / total
+
+    # -- persistence ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        top = max(self.max_k, 1)
+        return {
+            "reached": self.reached[:top].tolist(), "accepted": self.accepted[:top].tolist(),
+            "lengths": self.lengths[: top + 1].tolist(), "t_last": self.t_last, "max_k": self.max_k,
+            "real_drafts": self.real_drafts, "cf_drafts": self.cf_drafts,
+            "cum": self.cum.to_dict(), "cf_cum": self.cf_cum.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AcceptanceEstimator":
+        est = cls()
+        for name, size in (("reached", MAX_K), ("accepted", MAX_K), ("lengths", _N)):
+            vals = np.asarray([float(x) for x in d[name]][:size], dtype=float)
+            if not np.all(np.isfinite(vals)) or np.any(vals < 0):
+                raise ValueError(f"bad {name}")
+            getattr(est, name)[: len(vals)] = vals
+        if np.any(est.accepted > est.reached + 1e-9):
+            raise ValueError("accepted exceeds reached")
+        est.t_last = None if d.get("t_last") is None else float(d["t_last"])
+        est.max_k = min(int(d.get("max_k", 0)), MAX_K)
+        est.real_drafts = max(0.0, float(d.get("real_drafts", 0.0)))
+        est.cf_drafts = max(0.0, float(d.get("cf_drafts", 0.0)))
+        est.cum = Cumulative.from_dict(d["cum"])
+        est.cf_cum = Cumulative.from_dict(d["cf_cum"])
+        return est

@@ -1,0 +1,1 @@
+"""Policies: pure functions ``decide(snapshot, config) -> Decision`` over plain data (one per module)."""

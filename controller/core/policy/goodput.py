@@ -1,0 +1,536 @@
+"""Goodput policy: per category k and draft method maximising committed tokens per second of the batch.
+
+Formula. For a category c with conditional acceptance beta_{c,m,i} for drafter m at position i, a
+request step at proposal length k commits
+
+    E_c(k) = 1 + sum_{i=1..k} prod_{j<=i} beta_{c,m,j}        (E_c(0) = 1)
+
+tokens. All categories share one engine step, so the objective is the batch goodput
+
+    G = sum_c n_c * E_c(k_c) / E[T(n, N, d, D_free)]
+    n = sum_c n_c,  N = extra + sum_c n_c * (1 + k_c),  D_free = sum_{c on a model-free drafter} n_c k_c,
+    d = drafting depth of the step = the largest k among its model-drafted requests; with n requests drawn
+        from the mix, P(d <= x) = (sum_{c: d_c <= x} n_c / n) ** n  (batch 1: each request its own depth;
+        large batches: the deepest category's k)
+
+with n_c the category's mean requests per step on the asking engine, ``extra`` its prefill tokens per step
+(the expectation runs over their observed distribution, since the cost bends at the knee) and T the
+learned step-cost model (controller/core/cost.py). Plain decoding is every k_c = 0.
+
+Search. Each category's options are off and every k in 1..k_max for every drafter the engine can run
+with enough evidence. Batched coordinate ascent: every category's best option given the others is found
+in one vectorised evaluation; all improving moves are tried together and kept if that beats the best
+single move, else the best single move is made (so goodput rises at every iteration). Restarts: every
+category at its deepest option under a model-drafter depth cap x for x in {k_max, k_max/2, 2, 1, 0} (one
+category alone may not pay for a drafting pass that several together would), all off, and the previous
+decision; the best end point wins. "All off" is a start, so the result is never below plain decoding
+under the model.
+
+Guardrails, applied on top:
+  * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen; a
+    category with no eligible drafter keeps the default (the pooled decision of all categories, or the
+    engine's static config while the pool itself lacks evidence);
+  * hysteresis: a category leaves its previous decision only if the batch gains more than
+    ``hysteresis`` times the category's own goodput (so small categories move too, noise does not);
+  * probing: a category at k = 0 has ``probe_rate`` of its requests run at ``probe_k`` with a drafter
+    that has no counterfactual signal (model-free drafters are scored counterfactually on every request
+    and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput;
+  * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
+    batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput).
+
+Inputs: :class:`PolicySnapshot`; config: :class:`controller.core.config.PolicySettings`.
+Defaults: min_evidence 200 drafts, hysteresis 3 %, probe 5 % at k=1 within 1 % cost, band 3 %.
+Trade-offs: the mean mix (not its step-to-step spread) is optimised; a category's requests share one
+starting k and drafter (the engine's fast loop covers per-request spread); the knee is a preset constant.
+Cost: O(restarts x iterations x categories x options x k_max) in numpy, about 0.1 ms per category.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from controller.core.config import PolicySettings
+from controller.core.cost import CostCoefficients, is_model_free
+from controller.core.estimator import expected_committed
+from controller.core.policy.types import (
+    CategoryDecision,
+    CategoryInput,
+    Choice,
+    Decision,
+    KRow,
+    MethodProfile,
+    PolicySnapshot,
+)
+from controller.protocol import METHOD_OFF
+
+#: Requests per step assumed for a category absent from the current mix: its decision is then the
+#: marginal one (what one such request would gain in this batch).
+MIN_SHARE = 1e-3
+_MAX_ITERS = 200
+
+
+@dataclass(frozen=True)
+class _Options:
+    """One category's options as arrays (index 0 is always 'off' for a movable category)."""
+
+    k: np.ndarray
+    e: np.ndarray
+    model: np.ndarray
+    free: np.ndarray
+    methods: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.k)
+
+
+def _options(profiles: list[MethodProfile], k_max: int) -> _Options:
+    ks, es, model, free, methods = [np.zeros(1)], [np.ones(1)], [np.zeros(1, bool)], [np.zeros(1, bool)], [METHOD_OFF]
+    for p in profiles:
+        kk = min(k_max, len(p.betas))
+        if kk <= 0:
+            continue
+        ks.append(np.arange(1, kk + 1, dtype=float))
+        es.append(1.0 + np.cumsum(np.cumprod(np.asarray(p.betas[:kk], dtype=float))))
+        model.append(np.full(kk, not p.model_free))
+        free.append(np.full(kk, p.model_free))
+        methods.extend([p.method] * kk)
+    return _Options(np.concatenate(ks), np.concatenate(es), np.concatenate(model), np.concatenate(free),
+                    tuple(methods))
+
+
+def _fixed_option(choice: Choice, profile: MethodProfile | None) -> _Options:
+    """A category pinned at ``choice``: E from its own posterior, else the pool's, else 0.5 per position."""
+    k = choice.k
+    if k == 0:
+        return _Options(np.zeros(1), np.ones(1), np.zeros(1, bool), np.zeros(1, bool), (METHOD_OFF,))
+    betas = tuple(profile.betas) if profile is not None else ()
+    betas = (betas + (betas[-1] if betas else 0.5,) * k)[:k]
+    free = profile.model_free if profile is not None else is_model_free(choice.method)
+    return _Options(np.array([float(k)]), np.array([expected_committed(betas)[-1]]), np.array([not free]),
+                    np.array([free]), (choice.method,))
+
+
+class _Problem:
+    """Padded option arrays for U categories x O options; a configuration is one option index per row."""
+
+    def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
+                 extra: list[tuple[float, float]], cost: CostCoefficients, k_max: int) -> None:
+        self.names = names
+        self.options = options
+        u, o = len(options), max(len(x) for x in options)
+        self.levels = np.arange(max(k_max, 1) + 1, dtype=float)
+        self.valid = np.zeros((u, o), dtype=bool)
+        self.e = np.ones((u, o))
+        self.k = np.zeros((u, o))
+        self.free_k = np.zeros((u, o))
+        self.model_k = np.zeros((u, o))
+        for i, op in enumerate(options):
+            n = len(op)
+            self.valid[i, :n] = True
+            self.e[i, :n], self.k[i, :n] = op.e, op.k
+            self.free_k[i, :n] = np.where(op.free, op.k, 0.0)
+            self.model_k[i, :n] = np.where(op.model, op.k, 0.0)
+        self.at_or_below = (self.levels[None, None, :] >= self.model_k[:, :, None]).astype(float)
+        self.share = np.array(shares, dtype=float)
+        self.n = float(self.share.sum())
+        self.p = self.share / self.n
+        self.movable = np.array(movable, dtype=bool)
+        vals = np.array([v for v, _ in extra], dtype=float)
+        w = np.array([w for _, w in extra], dtype=float)
+        self.extra_mean = float(np.dot(vals, w) / w.sum())
+        self.extra_dev = vals - self.extra_mean  # deviations of the prefill tokens per step around the mean
+        self.extra_w = w / w.sum()
+        c, n = cost, self.n
+        self.cost = cost
+        self.consts = (c.base + c.per_request * n, c.per_token, c.per_token_above_knee, c.knee,
+                       c.draft_fixed + c.draft_fixed_per_request * n, c.draft_pass + c.draft_pass_per_request * n,
+                       c.free_draft_token)
+        self.rows = np.arange(u)
+
+    # -- evaluation -------------------------------------------------------------------------------------------
+    def time(self, tok, free, le):
+        """Expected step time; ``le`` (..., K+1) = share of requests at model depth <= d."""
+        fixed, per_token, above_rate, knee, on_cost, pass_cost, free_cost = self.consts
+        t = fixed + per_token * tok + free_cost * free
+        if above_rate:
+            over = np.maximum(np.asarray(tok)[..., None] + self.extra_dev - knee, 0.0)
+            t = t + above_rate * (over @ self.extra_w)
+        below = np.maximum(le, 0.0) ** self.n
+        return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
+
+    def totals(self, cfg: np.ndarray):
+        r = self.rows
+        num = float(self.share @ self.e[r, cfg])
+        tok = self.extra_mean + float(self.share @ (1.0 + self.k[r, cfg]))
+        free = float(self.share @ self.free_k[r, cfg])
+        le = self.p @ self.at_or_below[r, cfg]
+        return num, tok, free, le
+
+    def goodput(self, cfg: np.ndarray) -> tuple[float, float]:
+        num, tok, free, le = self.totals(cfg)
+        t = float(self.time(tok, free, le))
+        return num / t, t
+
+    def all_options(self, cfg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Goodput and step time for every (category, option), the other categories at ``cfg``."""
+        r = self.rows
+        num, tok, free, le = self.totals(cfg)
+        s = self.share[:, None]
+        num_o = num + s * (self.e - self.e[r, cfg][:, None])
+        tok_o = tok + s * (self.k - self.k[r, cfg][:, None])
+        free_o = free + s * (self.free_k - self.free_k[r, cfg][:, None])
+        pp = self.p[:, None, None]
+        le_o = le[None, None, :] + pp * (self.at_or_below - self.at_or_below[r, cfg][:, None, :])
+        t = self.time(tok_o, free_o, le_o)
+        g = np.where(self.valid, num_o / t, -np.inf)
+        return g, t
+
+    # -- search -----------------------------------------------------------------------------------------------
+    def ascend(self, cfg: np.ndarray) -> tuple[np.ndarray, float]:
+        cfg = cfg.copy()
+        g_cur, _ = self.goodput(cfg)
+        for _ in range(_MAX_ITERS):
+            g, _t = self.all_options(cfg)
+            g = np.where(self.movable[:, None], g, -np.inf)
+            best = np.argmax(g, axis=1)
+            best_g = g[self.rows, best]
+            improving = self.movable & (best_g > g_cur * (1 + 1e-9))
+            if not improving.any():
+                break
+            joint = np.where(improving, best, cfg)
+            g_joint, _ = self.goodput(joint)
+            u = int(np.argmax(np.where(improving, best_g, -np.inf)))
+            if g_joint >= best_g[u]:
+                cfg, g_cur = joint, g_joint
+            else:
+                cfg[u] = best[u]
+                g_cur = float(best_g[u])
+        return cfg, g_cur
+
+    def search(self, k_max: int, previous: np.ndarray | None) -> np.ndarray:
+        if len(self.rows) == 1:  # one category: every option scored at once is the whole search
+            g, _ = self.all_options(np.zeros(1, dtype=int))
+            return np.array([int(np.argmax(g[0]))])
+        caps = sorted({k_max, (k_max + 1) // 2, min(2, k_max), min(1, k_max), 0}, reverse=True)
+        if not (self.model_k[self.movable] > 0).any():
+            caps = [k_max]
+        starts = []
+        for cap in caps:
+            e = np.where(self.valid & (self.model_k <= cap), self.e, -np.inf)
+            starts.append(np.where(self.movable, np.argmax(e, axis=1), 0))
+        starts.append(np.zeros(len(self.rows), dtype=int))
+        if previous is not None:
+            starts.append(previous)
+        best_cfg, best_g, seen = starts[-1], -1.0, set()
+        for s in starts:
+            key = s.tobytes()
+            if key in seen:
+                continue
+            seen.add(key)
+            cfg, g = self.ascend(s)
+            if g > best_g * (1 + 1e-12):
+                best_cfg, best_g = cfg, g
+        return best_cfg
+
+
+# --- guardrails on a found configuration ------------------------------------------------------------------------
+def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: float) -> tuple[np.ndarray, dict]:
+    notes: dict[int, str] = {}
+    if previous is None:
+        return cfg, notes
+    cfg = cfg.copy()
+    for u in np.flatnonzero(pb.movable & (previous != cfg) & (previous >= 0)):
+        g_new, _ = pb.goodput(cfg)
+        old = cfg.copy()
+        old[u] = previous[u]
+        g_old, t_old = pb.goodput(old)
+        own = pb.share[u] * pb.e[u, previous[u]] / t_old
+        gain = (g_new - g_old) / own if own > 0 else 0.0
+        if gain < h:
+            cfg = old
+            notes[int(u)] = f"kept previous (gain {gain:.1%} of own goodput < hysteresis {h:.0%})"
+    return cfg, notes
+
+
+def _bands(pb: _Problem, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: float) -> list[tuple[int, int]]:
+    out = []
+    for u in pb.rows:
+        c = cfg[u]
+        k0 = int(pb.k[u, c])
+        if k0 == 0:
+            out.append((0, 0))
+            continue
+        own = pb.share[u] * pb.e[u, c] / t[u, c]
+        opts = pb.options[u]
+        method = opts.methods[c]
+        ok = {int(opts.k[j]) for j in range(len(opts)) if (opts.methods[j] == method or opts.k[j] == 0)
+              and g[u, c] - g[u, j] <= tol * own}
+        lo = hi = k0
+        while lo - 1 in ok:
+            lo -= 1
+        while hi + 1 in ok:
+            hi += 1
+        out.append((lo, hi))
+    return out
+
+
+#: Probe rates tried (as fractions of probe_rate): 1 and 63 geometric steps down to 1e-4 of it.
+_PROBE_GRID = np.concatenate([[1.0], np.geomspace(1.0, 1e-4, 64)[1:]])
+
+
+def _probe_rates(pb: _Problem, cfg: np.ndarray, units: np.ndarray, e: np.ndarray, model: np.ndarray, pk: int,
+                 cfg_: PolicySettings) -> np.ndarray:
+    """Largest rate <= probe_rate per unit whose modelled cost stays within probe_budget (one evaluation)."""
+    num, tok, free, le = pb.totals(cfg)
+    g0 = num / float(pb.time(tok, free, le))
+    rate = cfg_.probe_rate * _PROBE_GRID[None, :]  # (1, G)
+    n_p = pb.share[units][:, None] * rate  # (U, G) probing requests per step
+    below_pk = (pb.levels < pk).astype(float)
+    le_r = le[None, None, :] - (np.where(model[:, None], n_p / pb.n, 0.0))[:, :, None] * below_pk
+    t = pb.time(tok + n_p * pk, free + np.where(model[:, None], 0.0, n_p * pk), le_r)
+    loss = 1.0 - ((num + n_p * (e[:, None] - 1.0)) / t) / g0
+    ok = loss <= cfg_.probe_budget
+    first = np.argmax(ok, axis=1)  # the grid falls, so the first acceptable rate is the largest
+    return np.where(ok.any(axis=1), np.round(rate[0, first], 6), 0.0)
+
+
+# --- building ------------------------------------------------------------------------------------------------------
+def _usable(p: MethodProfile, snap: PolicySnapshot, cfg: PolicySettings) -> bool:
+    """Evidence ever seen counts: a drafter not run keeps its (decayed, prior-shrunk) estimate usable."""
+    return p.method in snap.methods and p.eligible_evidence >= cfg.min_evidence
+
+
+def _profile_for(profiles: tuple[MethodProfile, ...], method: str) -> MethodProfile | None:
+    return next((p for p in profiles if p.method == method), None)
+
+
+def _static_choice(snap: PolicySnapshot) -> Choice:
+    if snap.k_max <= 0 or snap.engine_method == METHOD_OFF:
+        return Choice.off()
+    return Choice(snap.k_max, snap.engine_method)
+
+
+def _extra(snap: PolicySnapshot) -> list[tuple[float, float]]:
+    dist = [(float(v), float(w)) for v, w in snap.extra_tokens_dist if w > 0]
+    return dist or [(float(snap.extra_tokens), 1.0)]
+
+
+def _index(options: _Options, choice: Choice | None) -> int:
+    if choice is None:
+        return -1
+    for j in range(len(options)):
+        if int(options.k[j]) == choice.k and (options.methods[j] == choice.method or choice.k == 0):
+            return j
+    return -1
+
+
+def _engine_drafter(snap: PolicySnapshot) -> str | None:
+    """The engine's own drafter, if it has one it can run."""
+    return snap.engine_method if snap.engine_method in snap.methods and snap.k_max > 0 else None
+
+
+def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, str]:
+    """What a category without evidence of its own runs (also: the policy's default entry).
+
+    With an engine drafter: that drafter at the k the pooled profile of all categories earns in this batch
+    (so new categories are measured on it, at a cost the batch can afford; k = 0 means probing). Without
+    one: the pooled decision over the model-free drafters. The engine's static config while the pool
+    itself lacks evidence.
+    """
+    pooled = [p for p in snap.pooled if _usable(p, snap, cfg)]
+    engine = _engine_drafter(snap)
+    if engine is not None:
+        pooled = [p for p in pooled if p.method == engine]
+    if not pooled or snap.k_max <= 0:
+        return _static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
+    opts = _options(pooled, snap.k_max)
+    pb = _Problem(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max)
+    prev_i = _index(opts, snap.previous_default)
+    prev = np.array([prev_i]) if prev_i >= 0 else None
+    best, _ = _hysteresis(pb, pb.search(snap.k_max, prev), prev, cfg.hysteresis)
+    j = int(best[0])
+    k = int(opts.k[j])
+    what = f"pooled profile of {engine}" if engine is not None else "pooled decision of all categories"
+    return Choice(k, opts.methods[j] if k else METHOD_OFF), what
+
+
+def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: PolicySettings) -> list[tuple[str, float]]:
+    """Per category: the drafter (any pool) that serves it best alone at this batch size, and its speedup."""
+    known = [[p for p in c.profiles if p.eligible_evidence >= cfg.min_evidence] for c in cats]
+    out: list[tuple[str, float]] = [(METHOD_OFF, 1.0)] * len(cats)
+    idx = [i for i, k in enumerate(known) if k]
+    if not idx:
+        return out
+    k = max(snap.k_max, 1)
+    n = max(snap.batch_size, 1.0)
+    opts = [_options(known[i], k) for i in idx]
+    pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k)
+    # every row alone: a batch of n requests all of that category
+    tok = pb.extra_mean + n * (1.0 + pb.k)
+    t = pb.time(tok, n * pb.free_k, pb.at_or_below)
+    g = np.where(pb.valid, n * pb.e / t, -np.inf)
+    best = np.argmax(g, axis=1)
+    for row, i in enumerate(idx):
+        j = int(best[row])
+        out[i] = (opts[row].methods[j] if opts[row].k[j] else METHOD_OFF, float(g[row, j] / g[row, 0]))
+    return out
+
+
+def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
+    default, default_reason = _default_choice(snap, cfg)
+    names, shares, options, movable, inputs = [], [], [], [], []
+    engine = _engine_drafter(snap)
+    pooled_engine = _profile_for(snap.pooled, engine) if engine else None
+    explore_ok = pooled_engine is not None and pooled_engine.eligible_evidence >= cfg.min_evidence
+    t_plain0 = snap.cost.step_time(max(snap.batch_size, 1.0), snap.extra_tokens + max(snap.batch_size, 1.0))
+    exploring: set[int] = set()
+    for c in snap.categories:
+        usable = [p for p in c.profiles if _usable(p, snap, cfg)] if snap.k_max > 0 else []
+        names.append(c.name)
+        shares.append(max(c.share, MIN_SHARE))
+        inputs.append(c)
+        own = _profile_for(c.profiles, engine) if engine else None
+        missing = cfg.min_evidence - (own.eligible_evidence if own is not None else 0.0)
+        if engine is not None and missing > 0 and explore_ok and \
+                missing / max(c.share, MIN_SHARE) * t_plain0 <= cfg.explore_window_s:
+            # the engine's drafter is unmeasured on this category and measuring it is quick: run it (k >= 1,
+            # priced with the pool's profile). Otherwise a category on a model-free drafter (scored for
+            # free on every request) would never be measured on the engine's own drafter.
+            exploring.add(len(names) - 1)
+            opts = _options([pooled_engine], snap.k_max)
+            options.append(_Options(opts.k[1:], opts.e[1:], opts.model[1:], opts.free[1:], opts.methods[1:]))
+            movable.append(True)
+        elif usable:
+            options.append(_options(usable, snap.k_max))
+            movable.append(True)
+        else:
+            own = _profile_for(c.profiles, default.method) or _profile_for(snap.pooled, default.method)
+            options.append(_fixed_option(default, own))
+            movable.append(False)
+    rest = snap.batch_size - sum(shares)
+    if rest > 1e-9 or not names:  # requests the mix does not attribute (e.g. an engine that reports none)
+        names.append("_rest")
+        shares.append(max(rest, MIN_SHARE) if names[:-1] else max(snap.batch_size, 1.0))
+        options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
+        movable.append(False)
+    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max)
+    prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
+    has_prev = bool((prev >= 0).any())
+    start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
+    cfg_best = pb.search(snap.k_max, start_prev)
+    cfg_best, notes = _hysteresis(pb, cfg_best, prev if has_prev else None, cfg.hysteresis)
+
+    g_all, t_all = pb.all_options(cfg_best)
+    g, t = pb.goodput(cfg_best)
+    t_plain = float(pb.time(pb.extra_mean + pb.n, 0.0, np.ones(len(pb.levels))))
+    g_plain = pb.n / t_plain
+    bands = _bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
+    probes = _probes(pb, cfg_best, inputs, snap, cfg)
+    standalone = _best_standalone(inputs, snap, cfg)
+    out = []
+    tables = _tables(pb, g_all, t_all, snap.k_max, g_plain)
+    for u, c in enumerate(inputs):
+        j = int(cfg_best[u])
+        k, e, method = int(options[u].k[j]), float(options[u].e[j]), options[u].methods[j]
+        speedup = e * t_plain / t
+        if movable[u]:
+            source = "policy"
+            reason = (f"max goodput: E({k})={e:.2f} tokens/step, step {t * 1e3:.2f} ms at batch {pb.n:.1f}, "
+                      f"{speedup:.2f}x plain")
+            if u in exploring:
+                source = "default"
+                reason = (f"measuring {engine} (< {cfg.min_evidence:g} drafts of this category), priced with the "
+                          f"pooled profile; " + reason)
+            if u in notes:
+                reason += f"; {notes[u]}"
+            table = tables[u]
+            lo, hi = bands[u]
+        else:
+            source = "default"
+            reason = f"insufficient evidence (< {cfg.min_evidence:g} drafts): {default_reason}"
+            table, lo, hi = (), k, k
+        rate, pk, pm = probes.get(u, (0.0, 0, METHOD_OFF))
+        if rate > 0:
+            source = "probe" if source == "policy" else source
+            reason += f"; probing {rate:.2%} of requests at k={pk} ({pm})"
+        out.append(CategoryDecision(c.name, k, method if k else METHOD_OFF, source, reason[:512],
+                                    round(e, 4), round(speedup, 4), lo, hi, rate, pk, pm, standalone[u][0],
+                                    round(standalone[u][1], 4), table))
+    dflt = _default_decision(pb, cfg_best, default, default_reason, snap, cfg, t, t_plain)
+    return Decision(tuple(out), dflt, pb.n, g, g_plain, t * 1e3, t_plain * 1e3)
+
+
+def _probe_method(profiles: tuple[MethodProfile, ...], snap: PolicySnapshot, cfg: PolicySettings) -> str | None:
+    """The first drafter of this engine with no counterfactual signal (None: all are scored for free)."""
+    for m in snap.methods:
+        p = _profile_for(profiles, m)
+        if not (p is not None and p.counterfactual and p.evidence >= cfg.min_evidence):
+            return m
+    return None
+
+
+def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], snap: PolicySnapshot,
+            cfg: PolicySettings) -> dict[int, tuple[float, int, str]]:
+    if cfg.probe_rate <= 0 or snap.k_max <= 0:
+        return {}
+    pk = min(cfg.probe_k, snap.k_max)
+    units, es, models, methods = [], [], [], []
+    for u, c in enumerate(inputs):
+        if pb.k[u, cfg_best[u]] != 0:
+            continue
+        m = _probe_method(c.profiles, snap, cfg)
+        if m is None:
+            continue
+        prof = _profile_for(c.profiles, m)
+        units.append(u)
+        es.append(expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1])
+        models.append(not is_model_free(m))
+        methods.append(m)
+    if not units:
+        return {}
+    rates = _probe_rates(pb, cfg_best, np.array(units), np.array(es), np.array(models), pk, cfg)
+    return {u: (float(r), pk, m) for u, r, m in zip(units, rates, methods) if r > 0}
+
+
+def _tables(pb: _Problem, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
+    """Per category and k: the best usable drafter at that k, the rest of the batch as decided."""
+    levels = np.arange(k_max + 1)
+    match = pb.valid[:, :, None] & (pb.k[:, :, None] == levels[None, None, :])
+    best = np.argmax(np.where(match, g[:, :, None], -np.inf), axis=1)  # (U, K+1)
+    present = match.any(axis=1)
+    out = []
+    for u in pb.rows:
+        opts = pb.options[u]
+        rows = []
+        for k in levels[present[u]]:
+            j = int(best[u, k])
+            rows.append(KRow(int(k), opts.methods[j], round(float(opts.e[j]), 4), round(float(t[u, j]) * 1e3, 4),
+                             round(float(g[u, j]), 3), round(float(g[u, j]) / g_plain, 4)))
+        out.append(tuple(rows))
+    return out
+
+
+def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason: str, snap: PolicySnapshot,
+                      cfg: PolicySettings, t: float, t_plain: float) -> CategoryDecision:
+    op = _fixed_option(choice, _profile_for(snap.pooled, choice.method))
+    e0 = float(op.e[0])
+    rate, pk, pm = 0.0, 0, METHOD_OFF
+    m = _probe_method(snap.pooled, snap, cfg) if choice.k == 0 and cfg.probe_rate > 0 and snap.k_max > 0 else None
+    if m is not None:
+        # a category the policy does not know yet, with a marginal share of the batch
+        pk = min(cfg.probe_k, snap.k_max)
+        prof = _profile_for(snap.pooled, m)
+        e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
+        tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
+                       list(pb.movable) + [False], list(zip(pb.extra_dev + pb.extra_mean, pb.extra_w)), snap.cost,
+                       snap.k_max)
+        r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
+                         np.array([not is_model_free(m)]), pk, cfg)
+        if r[0] > 0:
+            rate, pm = float(r[0]), m
+        else:
+            pk = 0
+    return CategoryDecision("_default", choice.k, choice.method, "default", reason, round(e0, 4),
+                            round(e0 * t_plain / t, 4), choice.k, choice.k, rate, pk, pm)

@@ -1,0 +1,134 @@
+"""The FastAPI application factory: routers, middleware, error handlers, and the lifespan that builds
+the Brain, the SQLite store, the metrics registry and the background maintenance loop.
+
+Nothing is built at import time; ``create_app`` itself does no I/O (the lifespan does), so the OpenAPI
+exporter and tests can create apps freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from anyio import to_thread
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CollectorRegistry
+
+from controller.core.config import BrainConfig
+from controller.protocol import TelemetryBatch
+from controller.service import errors, openapi_bodies
+from controller.service.auth import AdminListener, Scope, TokenCheck
+from controller.service.clock import Clock, Sleep, SystemClock, real_sleep
+from controller.service.limits import BodyLimit
+from controller.service.metrics import SpecctlCollector
+from controller.service.routes import audit, categories, engines, health, metrics, overrides, policy, telemetry
+from controller.service.runtime import Runtime, restore_brain
+from controller.service.schemas import OverrideIn
+from controller.service.settings import ServiceSettings
+from controller.service.store import Store
+
+log = logging.getLogger("controller.service")
+
+API_VERSION = "1"
+
+
+async def maintain(runtime: Runtime, settings: ServiceSettings, sleep: Sleep) -> None:
+    """Expire overrides every tick; snapshot the learned state every ``snapshot_interval_s``."""
+    snapshot_every = settings.store.snapshot_interval_s
+    tick = min(settings.server.maintenance_interval_s, snapshot_every)
+    next_snapshot = runtime.clock.now() + snapshot_every
+    while True:
+        await sleep(tick)
+        try:
+            await runtime.expire_overrides()
+            if runtime.clock.now() >= next_snapshot:
+                await runtime.snapshot()
+                next_snapshot = runtime.clock.now() + snapshot_every
+        except Exception:  # keep serving; /readyz reports the store failure
+            log.exception("maintenance failed")
+
+
+async def _open_runtime(settings: ServiceSettings, clock: Clock, brain_config: BrainConfig) -> Runtime:
+    cfg = settings.store
+    store = await to_thread.run_sync(
+        lambda: Store.open(cfg.db, busy_timeout_ms=cfg.busy_timeout_ms, snapshots_kept=cfg.snapshots_kept)
+    )
+    try:
+        brain, snapshot_ts = await to_thread.run_sync(restore_brain, store, brain_config)
+        loaded = await to_thread.run_sync(store.load_overrides)
+    except BaseException:
+        store.close()
+        raise
+    log.info(
+        "state restored",
+        extra={"db": str(cfg.db), "overrides": len(loaded), "snapshot_ts": snapshot_ts},
+    )
+    return Runtime(brain, store, clock, loaded, snapshot_ts)
+
+
+def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_config: BrainConfig):
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await _open_runtime(settings, clock, brain_config)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SpecctlCollector(runtime))
+        app.state.registry = registry
+        app.state.runtime = runtime
+        task = None
+        try:
+            await runtime.expire_overrides()
+            task = asyncio.create_task(maintain(runtime, settings, sleep))
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            try:
+                await runtime.snapshot()  # clean shutdown loses no learning
+                log.info("final snapshot written", extra={"db": str(settings.store.db)})
+            except Exception:
+                log.exception("final snapshot failed")
+            app.state.runtime = None
+            runtime.store.close()
+
+    return lifespan
+
+
+def create_app(
+    settings: ServiceSettings,
+    clock: Clock | None = None,
+    *,
+    sleep: Sleep = real_sleep,
+    brain_config: BrainConfig | None = None,
+    admin_listener: AdminListener | None = None,
+) -> FastAPI:
+    """Build the controller app; the Brain, store and collector come to life in its lifespan."""
+    app = FastAPI(
+        title="specctl controller",
+        version=API_VERSION,
+        description="Adaptive speculative-decoding controller for vLLM: telemetry in, per-category k and "
+        "draft method out, operator overrides, metrics.",
+        lifespan=_lifespan(settings, clock or SystemClock(), sleep, brain_config or BrainConfig()),
+    )
+    app.state.runtime = None
+    app.state.token_checks = {
+        Scope.INGEST: TokenCheck.from_secret(Scope.INGEST, settings.auth.ingest_token),
+        Scope.ADMIN: TokenCheck.from_secret(Scope.ADMIN, settings.auth.admin_token),
+    }
+    app.state.admin_listener = admin_listener
+    for module in (telemetry, policy, categories, engines, overrides, audit, health, metrics):
+        app.include_router(module.router)
+    errors.install(app)
+    openapi_bodies.install(app, [TelemetryBatch, OverrideIn])
+    if settings.server.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.server.cors_origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "If-None-Match"],
+        )
+    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    return app

@@ -1,0 +1,72 @@
+"""FastAPI dependencies: the runtime, the clock, the two bearer-token scopes, and JSON bodies.
+
+Bodies are parsed here rather than by FastAPI's body parameters so that authentication runs first
+(an unauthenticated client gets 401/403 before the service spends time on its body) and so that
+malformed JSON and invalid fields get distinct answers (400 vs 422).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+
+from controller.service.auth import AuthError, Scope, TokenCheck
+from controller.service.errors import BadInput, from_validation_error
+from controller.service.runtime import Runtime
+
+M = TypeVar("M", bound=BaseModel)
+
+_ingest_scheme = HTTPBearer(auto_error=False, scheme_name="IngestToken", description="SPECCTL_INGEST_TOKEN")
+_admin_scheme = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="SPECCTL_ADMIN_TOKEN")
+
+
+# Dependencies are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in a worker thread,
+# a thread hop per dependency per request for work that never blocks.
+
+
+async def get_runtime(request: Request) -> Runtime:
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is None:  # only between process start and the end of the lifespan's startup
+        raise BadInput(503, "controller is starting")
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def _check(request: Request, scope: Scope) -> None:
+    checks: dict[Scope, TokenCheck] = request.app.state.token_checks
+    checks[scope].verify(request.headers.get("authorization"))
+
+
+async def require_ingest(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_ingest_scheme)]) -> None:
+    _check(request, Scope.INGEST)
+
+
+async def require_admin(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_scheme)]) -> None:
+    listener = request.app.state.admin_listener
+    if listener is not None and not listener.matches(request.scope.get("server")):
+        raise AuthError(403, "admin writes are accepted only on the admin listener")
+    _check(request, Scope.ADMIN)
+
+
+IngestAuth = Annotated[None, Depends(require_ingest)]
+AdminAuth = Annotated[None, Depends(require_admin)]
+
+
+async def read_json(request: Request, model: type[M], what: str) -> M:
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise BadInput(415, f"expected Content-Type application/json, got {content_type!r}")
+    raw = await request.body()
+    if not raw:
+        raise BadInput(400, f"empty body: expected a JSON {what}")
+    try:
+        # strict: JSON types must match the schema (no `false` for a number, no "3" for an integer);
+        # integers are still accepted where a number is expected.
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise from_validation_error(exc, what) from None

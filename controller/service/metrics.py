@@ -1,0 +1,176 @@
+"""Prometheus collector: reads the Brain's :class:`~controller.core.views.MetricsSnapshot` at scrape time.
+
+Nothing is mutated in request handlers; every scrape builds fresh metric families from one snapshot
+taken under the Brain lock, so a scrape is consistent across families. Labels reuse vLLM's
+``model_name`` and ``engine``; vLLM's ``position`` label is 0-based and so is ours.
+
+Counters of counterfactual drafters (model-free drafters scored against the target's tokens but not
+run) go to ``specctl_counterfactual_*`` so that ``specctl_draft_tokens_total`` and
+``specctl_accepted_tokens_total`` reconcile exactly with vLLM's own spec-decode counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+#: Engine label for rejected batches whose engine id could not be read (cannot clash: ids start alnum).
+UNKNOWN_ENGINE = "_unknown"
+
+CAT = ["model_name", "category"]
+CAT_METHOD = ["model_name", "category", "method"]
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _method_families(snapshot: Any) -> list[Metric]:
+    real = {
+        "drafts": _counter("specctl_drafts", "Draft proposals scheduled (requests x steps with k > 0)", CAT_METHOD),
+        "draft_tokens": _counter("specctl_draft_tokens", "Draft tokens scheduled for verification", CAT_METHOD),
+        "accepted_tokens": _counter("specctl_accepted_tokens", "Draft tokens accepted by the target", CAT_METHOD),
+    }
+    per_pos = _counter("specctl_accepted_tokens_per_pos", "Draft tokens accepted at each position (0-based)",
+                       CAT_METHOD + ["position"])
+    scored = {
+        "drafts": _counter("specctl_counterfactual_drafts", "Drafts of model-free drafters scored, not run",
+                           CAT_METHOD),
+        "draft_tokens": _counter("specctl_counterfactual_draft_tokens", "Draft tokens scored, not run", CAT_METHOD),
+        "accepted_tokens": _counter("specctl_counterfactual_accepted_tokens",
+                                    "Scored draft tokens that matched the target's tokens", CAT_METHOD),
+    }
+    for row in snapshot.methods:
+        labels = [row.model, row.category, row.method]
+        families = scored if row.counterfactual else real
+        for field, family in families.items():
+            family.add_metric(labels, getattr(row, field))
+        if not row.counterfactual:
+            for position, count in enumerate(row.accepted_per_pos):
+                per_pos.add_metric(labels + [str(position)], count)
+    return [*real.values(), per_pos, *scored.values()]
+
+
+def _accepted_length(snapshot: Any) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(
+        "specctl_accepted_length", "Accepted draft tokens per draft (real drafts, all methods)", labels=CAT
+    )
+    for row in snapshot.categories:
+        buckets, running = [], 0
+        for length, count in enumerate(row.accepted_length_counts):
+            running += count
+            buckets.append((floatToGoString(length), running))
+        buckets.append(("+Inf", running))
+        family.add_metric([row.model, row.category], buckets, sum_value=row.accepted_tokens)
+    return family
+
+
+def _category_families(snapshot: Any) -> list[Metric]:
+    totals = {
+        "request_steps": _counter("specctl_request_steps", "Request-steps seen (a request in one engine step)", CAT),
+        "committed_tokens": _counter("specctl_committed_tokens", "Tokens committed (accepted drafts + 1 per "
+                                     "request-step)", CAT),
+        "spec_off_request_steps": _counter("specctl_spec_off_request_steps", "Request-steps run without drafts",
+                                           CAT),
+    }
+    k = _gauge("specctl_current_k", "Proposal length the controller sends for the category (0 = off)", CAT)
+    method = _gauge("specctl_current_method_info", "Draft method sent for the category and what decided it",
+                    CAT + ["method", "source"])
+    entropy_class = _gauge("specctl_entropy_class_info", "Entropy class of the category", CAT + ["entropy_class"])
+    bits = _gauge("specctl_entropy_bits", "Entropy of the acceptance-length distribution, bits", CAT)
+    mean_len = _gauge("specctl_mean_acceptance_length", "Mean accepted draft tokens per draft (posterior)", CAT)
+    beta = _gauge("specctl_conditional_acceptance", "Posterior P(accept position | all before accepted)",
+                  CAT + ["position"])
+    speedup = _gauge("specctl_estimated_speedup", "Estimated goodput of the decision over plain decoding", CAT)
+    best = _gauge("specctl_best_method_info", "Draft method that would serve the category best", CAT + ["method"])
+    for row in snapshot.categories:
+        labels = [row.model, row.category]
+        for field, family in totals.items():
+            family.add_metric(labels, getattr(row, field))
+        if row.current_k is not None:
+            k.add_metric(labels, row.current_k)
+        if row.method is not None:
+            method.add_metric(labels + [row.method, row.source or ""], 1)
+        entropy_class.add_metric(labels + [row.entropy_class], 1)
+        for family, value in ((bits, row.entropy_bits), (mean_len, row.mean_acceptance_length),
+                              (speedup, row.estimated_speedup)):
+            if value is not None:
+                family.add_metric(labels, value)
+        for position, value in enumerate(row.conditional_acceptance):
+            beta.add_metric(labels + [str(position)], value)
+        if row.best_method is not None:
+            best.add_metric(labels + [row.best_method], 1)
+    return [*totals.values(), _accepted_length(snapshot), k, method, entropy_class, bits, mean_len, beta, speedup,
+            best]
+
+
+def _engine_families(snapshot: Any) -> list[Metric]:
+    batches = _counter("specctl_telemetry_batches", "Telemetry batches by outcome", ["engine", "outcome"])
+    gaps = _counter("specctl_telemetry_gaps", "Telemetry batches missing (gaps in seq)", ["engine"])
+    dropped = _counter("specctl_engine_dropped_steps", "Steps the engine dropped from its bounded queue",
+                       ["engine"])
+    age = _gauge("specctl_policy_age_seconds", "Seconds since the engine was last sent a policy", ["engine"])
+    steps = _counter("specctl_steps", "Engine steps reported", ["model_name", "engine"])
+    step_s = _counter("specctl_step_seconds", "Engine step wall time reported, seconds", ["model_name", "engine"])
+    for row in snapshot.engines:
+        for outcome, count in sorted(row.batches.items()):
+            batches.add_metric([row.engine, outcome], count)
+        gaps.add_metric([row.engine], row.gaps)
+        dropped.add_metric([row.engine], row.dropped_steps)
+        if row.policy_age_s is not None:
+            age.add_metric([row.engine], row.policy_age_s)
+        steps.add_metric([row.model, row.engine], row.steps)
+        step_s.add_metric([row.model, row.engine], row.step_seconds)
+    if snapshot.rejected_unknown_engine:
+        batches.add_metric([UNKNOWN_ENGINE, "rejected"], snapshot.rejected_unknown_engine)
+    return [batches, gaps, dropped, age, steps, step_s]
+
+
+def _other_families(snapshot: Any) -> list[Metric]:
+    ratio = _gauge("specctl_draft_cost_ratio", "Draft cost per draft token relative to one target step token",
+                   ["model_name", "method"])
+    for model, method, value in snapshot.draft_cost_ratio:
+        ratio.add_metric([model, method], value)
+    overrides = _gauge("specctl_override_active", "Operator override in force (1) by what it pins",
+                       ["category", "kind"])
+    for category, kind in snapshot.overrides:
+        overrides.add_metric([category, kind], 1)
+    overflow = _counter("specctl_overflow_category_steps", "Category-steps pooled into the overflow category "
+                        "because the model hit its category cap", ["model_name"])
+    for model, count in snapshot.overflow_steps:
+        overflow.add_metric([model], count)
+    return [ratio, overrides, overflow]
+
+
+def _service_families(runtime: Any) -> list[Metric]:
+    errors = _counter("specctl_http_internal_errors", "Requests answered 500 (a bug: each is logged with an id)",
+                      [])
+    errors.add_metric([], runtime.internal_errors)
+    families: list[Metric] = [errors]
+    if runtime.last_snapshot_ts is not None:
+        age = _gauge("specctl_snapshot_age_seconds", "Seconds since the learned state was last written to SQLite "
+                     "(learning a crash would lose)", [])
+        age.add_metric([], max(0.0, runtime.clock.now() - runtime.last_snapshot_ts))
+        families.append(age)
+    return families
+
+
+class SpecctlCollector(Collector):
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._runtime.metrics()
+        yield from _method_families(snapshot)
+        yield from _category_families(snapshot)
+        yield from _engine_families(snapshot)
+        yield from _other_families(snapshot)
+        yield from _service_families(self._runtime)

@@ -1,0 +1,1 @@
+"""One APIRouter per resource; handlers only translate between HTTP and :class:`Runtime` calls."""

@@ -1,0 +1,29 @@
+"""GET /v1/audit: the append-only log of override changes, oldest first, paged by id."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from anyio import to_thread
+from fastapi import APIRouter, Query
+
+from controller.protocol import CATEGORY_PATTERN
+from controller.service.deps import RuntimeDep
+from controller.service.openapi_bodies import responses
+from controller.service.routes.overrides import audit_entry
+from controller.service.schemas import AuditEntry
+
+router = APIRouter(prefix="/v1", tags=["audit"])
+
+
+@router.get("/audit", responses=responses(422), summary="Override changes (set, clear, expire)")
+async def list_audit(
+    runtime: RuntimeDep,
+    after_id: Annotated[int, Query(ge=0, le=2**62, description="return entries with a larger id (paging)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many entries")] = 100,
+    category: Annotated[str | None, Query(pattern=CATEGORY_PATTERN, description="only this category")] = None,
+) -> list[AuditEntry]:
+    records = await to_thread.run_sync(
+        lambda: runtime.store.audit(limit=limit, after_id=after_id, category=category)
+    )
+    return [audit_entry(r) for r in records]

@@ -1,0 +1,31 @@
+"""GET /v1/categories and /v1/categories/{name}: learned stats, entropy class, decision and reason."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from controller.protocol import CATEGORY_PATTERN
+from controller.service.deps import RuntimeDep
+from controller.service.errors import BadInput
+from controller.service.openapi_bodies import responses
+
+router = APIRouter(prefix="/v1", tags=["categories"])
+
+
+@router.get("/categories", summary="Every (model, category) the controller has learned about")
+async def list_categories(runtime: RuntimeDep) -> list[dict[str, Any]]:
+    return runtime.categories()
+
+
+@router.get("/categories/{name}", responses=responses(404, 422), summary="One category")
+async def get_category(
+    runtime: RuntimeDep,
+    name: Annotated[str, Path(pattern=CATEGORY_PATTERN)],
+    model: Annotated[str | None, Query(min_length=1, max_length=256, description="restrict to one model")] = None,
+) -> dict[str, Any]:
+    view = runtime.category(name, model)
+    if view is None:
+        raise BadInput(404, f"no data for category {name!r}" + (f" of model {model!r}" if model else ""))
+    return view

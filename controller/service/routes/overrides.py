@@ -1,0 +1,80 @@
+"""Operator overrides: reads are open, writes need the admin token and are durable before the 2xx."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+
+from controller.protocol import CATEGORY_PATTERN
+from controller.service.deps import AdminAuth, RuntimeDep, read_json
+from controller.service.errors import BadInput
+from controller.service.openapi_bodies import json_body, responses
+from controller.service.schemas import ACTOR_PATTERN, AuditEntry, OverrideChange, OverrideIn, OverrideOut
+from controller.service.store import AuditRecord
+
+router = APIRouter(prefix="/v1", tags=["overrides"])
+
+CategoryPath = Annotated[str, Path(pattern=CATEGORY_PATTERN, description="request category")]
+
+
+def audit_entry(record: AuditRecord) -> AuditEntry:
+    return AuditEntry.model_validate(record, from_attributes=True)
+
+
+def _not_stored(exc: sqlite3.Error) -> BadInput:
+    return BadInput(503, f"override not applied: the SQLite store failed ({type(exc).__name__})")
+
+
+@router.get("/overrides", summary="Overrides in force")
+async def list_overrides(runtime: RuntimeDep) -> list[OverrideOut]:
+    now = runtime.clock.now()
+    return [OverrideOut.of(o, now) for o in runtime.overrides()]
+
+
+@router.get("/overrides/{category}", responses=responses(404, 422), summary="The category's override")
+async def get_override(runtime: RuntimeDep, category: CategoryPath) -> OverrideOut:
+    now = runtime.clock.now()
+    for override in runtime.overrides():
+        if override.category == category:
+            return OverrideOut.of(override, now)
+    raise BadInput(404, f"no override for category {category!r}")
+
+
+@router.put(
+    "/overrides/{category}",
+    openapi_extra=json_body(OverrideIn),
+    responses=responses(400, 401, 403, 413, 415, 422, 503),
+    summary="Pin k, pin the method, or force speculation off (replaces the category's override)",
+)
+async def put_override(request: Request, runtime: RuntimeDep, _: AdminAuth, category: CategoryPath) -> OverrideChange:
+    body = await read_json(request, OverrideIn, "override")
+    now = runtime.clock.now()
+    override = body.to_override(category, now)
+    try:
+        record = await runtime.set_override(override)
+    except sqlite3.Error as exc:
+        raise _not_stored(exc) from None
+    return OverrideChange(override=OverrideOut.of(override, now), audit=audit_entry(record))
+
+
+@router.delete(
+    "/overrides/{category}",
+    responses=responses(401, 403, 404, 422, 503),
+    summary="Remove the category's override (the policy decides again)",
+)
+async def delete_override(
+    runtime: RuntimeDep,
+    _: AdminAuth,
+    category: CategoryPath,
+    actor: Annotated[str, Query(pattern=ACTOR_PATTERN, description="who (kept in the audit log)")],
+    reason: Annotated[str, Query(max_length=512, description="why (kept in the audit log)")] = "cleared",
+) -> OverrideChange:
+    try:
+        record = await runtime.clear_override(category, actor, reason)
+    except sqlite3.Error as exc:
+        raise _not_stored(exc) from None
+    if record is None:
+        raise BadInput(404, f"no override for category {category!r}")
+    return OverrideChange(override=None, audit=audit_entry(record))

@@ -1,0 +1,165 @@
+"""The live controller: the Brain, its lock, the store and the overrides, wired together.
+
+Built once per app in the lifespan (see :mod:`controller.service.app`), never at import time.
+
+Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``; the calls are
+short (no I/O) and run on the event loop or the metrics scrape. SQLite writes run in a worker thread
+(``fsync`` must not stall ingest); override changes are serialised by an asyncio lock so the in-memory
+table is always applied in the order the file committed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from anyio import to_thread
+
+from controller.core.brain import Brain, IngestResult
+from controller.core.config import BrainConfig
+from controller.core.overrides import Override, active_overrides
+from controller.protocol import Policy, SpecConfig, TelemetryAck, TelemetryBatch
+from controller.service.clock import Clock
+from controller.service.store import AuditRecord, Store
+
+log = logging.getLogger("controller.service")
+
+
+def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
+    """The newest snapshot that loads, else a fresh Brain; returns it with the snapshot's time."""
+    for ts, data in store.latest_snapshots():
+        try:
+            return Brain.load(data, config), ts
+        except Exception as exc:  # noqa: BLE001 -- a snapshot that cannot load must not stop the service
+            log.warning("snapshot not loadable, trying an older one", extra={"snapshot_ts": ts, "error": str(exc)})
+    return Brain(config), None
+
+
+class Runtime:
+    def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
+                 snapshot_ts: float | None = None) -> None:
+        self._brain = brain
+        self._brain_lock = threading.Lock()
+        self._override_lock = asyncio.Lock()
+        self.store = store
+        self.clock = clock
+        self._overrides: dict[str, Override] = {o.category: o for o in overrides}
+        self.last_snapshot_ts = snapshot_ts
+        self.store_error: str | None = None
+        self.internal_errors = 0
+        self._brain.set_overrides(self._overrides.values())
+
+    # -- telemetry and policy (Brain, under its lock) -------------------------------------------------
+
+    def ingest(self, batch: TelemetryBatch) -> TelemetryAck:
+        """Merge one batch and answer with the policy tailored to the sending engine.
+
+        Raises :class:`controller.core.brain.IngestRejected` for a batch the Brain refuses.
+        """
+        now = self.clock.now()
+        with self._brain_lock:
+            result: IngestResult = self._brain.ingest(batch, now)
+            policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
+        return TelemetryAck(outcome=result.outcome, seq=batch.seq, gaps=result.gaps, policy=policy)
+
+    def record_rejected(self, engine_id: str | None) -> None:
+        with self._brain_lock:
+            self._brain.record_rejected(engine_id)
+
+    def policy(self, model: str, spec: SpecConfig) -> Policy:
+        now = self.clock.now()
+        with self._brain_lock:
+            return self._brain.policy_for(model, spec, now)
+
+    def categories(self) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        with self._brain_lock:
+            return [view.to_dict() for view in self._brain.categories(now)]
+
+    def category(self, name: str, model: str | None) -> dict[str, Any] | None:
+        now = self.clock.now()
+        with self._brain_lock:
+            view = self._brain.category(name, now, model=model)
+            return None if view is None else view.to_dict()
+
+    def engines(self) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        with self._brain_lock:
+            return [view.to_dict() for view in self._brain.engines(now)]
+
+    def metrics(self) -> Any:
+        now = self.clock.now()
+        with self._brain_lock:
+            return self._brain.metrics(now)
+
+    def dump(self) -> dict[str, Any]:
+        with self._brain_lock:
+            return self._brain.dump()
+
+    # -- overrides (file first, then memory) ---------------------------------------------------------
+
+    def overrides(self) -> list[Override]:
+        """Overrides in force now, by category."""
+        active = active_overrides(list(self._overrides.values()), self.clock.now())
+        return [active[name] for name in sorted(active)]
+
+    def _apply(self) -> None:
+        with self._brain_lock:
+            self._brain.set_overrides(list(self._overrides.values()))
+
+    async def set_override(self, override: Override) -> AuditRecord:
+        async with self._override_lock:
+            record = await self._write(self.store.put_override, override)
+            self._overrides[override.category] = override
+            self._apply()
+        log.info("override set", extra={"category": override.category, "actor": override.actor,
+                                        "audit_id": record.id})
+        return record
+
+    async def clear_override(self, category: str, actor: str, reason: str) -> AuditRecord | None:
+        async with self._override_lock:
+            held = self._overrides.get(category)
+            if held is None or not held.active(self.clock.now()):
+                return None  # an expired one is already gone for readers; the sweep audits its expiry
+            record = await self._write(
+                lambda: self.store.delete_override(category, actor=actor, reason=reason, ts=self.clock.now())
+            )
+            self._overrides.pop(category, None)
+            self._apply()
+        if record is not None:
+            log.info("override cleared", extra={"category": category, "actor": actor, "audit_id": record.id})
+        return record
+
+    async def expire_overrides(self) -> list[AuditRecord]:
+        """Drop overrides whose TTL ran out from the file (audited) and from memory."""
+        now = self.clock.now()
+        if not any(o.expires_at is not None and o.expires_at <= now for o in self._overrides.values()):
+            return []
+        async with self._override_lock:
+            records = await self._write(self.store.expire_overrides, now)
+            for record in records:
+                self._overrides.pop(record.category, None)
+            self._apply()
+        for record in records:
+            log.info("override expired", extra={"category": record.category, "audit_id": record.id})
+        return records
+
+    # -- snapshots -----------------------------------------------------------------------------------
+
+    async def snapshot(self) -> None:
+        now = self.clock.now()
+        data = self.dump()
+        await self._write(self.store.save_snapshot, now, data)
+        self.last_snapshot_ts = now
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        """Run a store write in a worker thread; remember the failure for /readyz, then re-raise."""
+        try:
+            result = await to_thread.run_sync(fn, *args)
+        except Exception as exc:
+            self.store_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.store_error = None
+        return result

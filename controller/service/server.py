@@ -1,0 +1,86 @@
+"""Run the app under uvicorn on sockets bound here, so the bound addresses are known (port 0 works,
+and the optional admin listener is recognised by its address)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+
+from controller.service import logs
+from controller.service.app import create_app
+from controller.service.auth import AdminListener
+from controller.service.clock import Clock, SystemClock
+from controller.service.settings import ServiceSettings
+from controller.service.store import Store
+
+log = logging.getLogger("controller.service")
+
+#: Exit codes of ``specctl serve``.
+EXIT_CONFIG = 2
+EXIT_STARTUP = 3
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def secrets_of(settings: ServiceSettings) -> list[str]:
+    return [t.get_secret_value() for t in (settings.auth.admin_token, settings.auth.ingest_token) if t is not None]
+
+
+def check_store(settings: ServiceSettings) -> None:
+    """Open and close the SQLite file once, so a bad path fails before the server starts."""
+    cfg = settings.store
+    Store.open(cfg.db, busy_timeout_ms=cfg.busy_timeout_ms, snapshots_kept=cfg.snapshots_kept).close()
+
+
+def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code."""
+    logs.configure(settings.server.log_level, secrets_of(settings))
+    sockets = [bind(settings.server.host, settings.server.port)]
+    admin = None
+    if settings.auth.separate_admin:
+        admin_sock = bind(settings.auth.admin_host or settings.server.host, settings.auth.admin_port or 0)
+        sockets.append(admin_sock)
+        host, port = admin_sock.getsockname()[:2]
+        admin = AdminListener(host, port)
+    if settings.auth.insecure_dev:
+        log.warning("insecure dev mode: scopes without a token accept any request")
+    app = create_app(settings, clock or SystemClock(), admin_listener=admin)
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # logs.configure already routed uvicorn's loggers to the JSON handler
+        lifespan="on",
+        access_log=settings.server.access_log,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "listening",
+        extra={"url": _url(sockets[0]), "admin_url": _url(sockets[1]) if admin else None,
+               "db": str(settings.store.db)},
+    )
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return 0 if server.started else EXIT_STARTUP

@@ -1,0 +1,187 @@
+"""Service configuration: one pydantic-settings class per concern, read from ``SPECCTL_*`` variables.
+
+Every field states its unit, default and why that default. :func:`load_settings` reads all of them,
+applies command-line overrides, and reports every problem at once; the result is a frozen bundle that
+the rest of the service receives (nothing reads the environment afterwards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Shortest accepted bearer token: 16 characters is ~96 bits from a random base64 generator.
+MIN_TOKEN_CHARS = 16
+
+
+class _Env(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECCTL_", extra="ignore", frozen=True)
+
+
+class ServerSettings(_Env):
+    """Where the HTTP API listens and what it accepts."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="listen address; loopback by default so nothing is exposed until the operator chooses to",
+    )
+    port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="listen TCP port (0 = any free port, logged at start); 8081 leaves 8000 to vLLM",
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="request body cap in bytes (413 above it); a 100 ms batch from a busy engine is a few KiB, "
+        "4 MiB leaves room for a backlog flush while bounding memory per request",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins allowed by CORS; empty = CORS off, because only engines and operators call "
+        "the API and a browser page must not be able to drive it",
+    )
+    log_level: str = Field(default="info", description="log level of the JSON logs (debug, info, warning, error)")
+    access_log: bool = Field(
+        default=True,
+        description="one JSON log line per HTTP request; on by default for auditability, turn off when many "
+        "engines report (one line per telemetry batch)",
+    )
+    maintenance_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="seconds between sweeps that drop expired overrides (and audit it); 1 s keeps the audit "
+        "close to the expiry, which itself is enforced at read time regardless",
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        value = value.lower()
+        if value not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return value
+
+
+class AuthSettings(_Env):
+    """Bearer tokens and where admin writes are accepted."""
+
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token for override writes (PUT/DELETE /v1/overrides); required unless --insecure-dev",
+    )
+    ingest_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token for POST /v1/telemetry, separate from the admin token so that an engine host "
+        "that leaks it cannot change policy; required unless --insecure-dev",
+    )
+    admin_host: str | None = Field(
+        default=None,
+        description="optional second listen address for admin writes; when set, override writes are refused on "
+        "the main listener so the admin API can stay on a private network",
+    )
+    admin_port: int | None = Field(default=None, ge=0, le=65535, description="TCP port of the admin listener")
+    insecure_dev: bool = Field(
+        default=False,
+        description="allow starting without tokens (writes then need no token); for local development only",
+    )
+
+    @property
+    def separate_admin(self) -> bool:
+        return self.admin_host is not None or self.admin_port is not None
+
+
+class StoreSettings(_Env):
+    """The SQLite file that keeps overrides, the audit log and learned-state snapshots."""
+
+    db: Path = Field(
+        default=Path("specctl.db"),
+        description="SQLite file (created if missing, WAL mode); one file so backup is a copy",
+    )
+    snapshot_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds between snapshots of the learned state; a crash (kill -9) loses at most this much "
+        "learning, a clean shutdown loses nothing; 30 s is a few hundred batches of an engine",
+    )
+    snapshots_kept: int = Field(
+        default=3, ge=1, le=100, description="snapshots kept in the file; older ones are deleted after each write"
+    )
+    busy_timeout_ms: int = Field(
+        default=5000,
+        ge=0,
+        description="milliseconds SQLite waits on a lock held by another process (e.g. a backup) before failing",
+    )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """Everything the service needs, validated once at start."""
+
+    server: ServerSettings
+    auth: AuthSettings
+    store: StoreSettings
+
+
+class SettingsError(ValueError):
+    """Configuration that must stop the service from starting; the message lists every problem."""
+
+
+def _check_tokens(auth: AuthSettings, problems: list[str]) -> None:
+    missing = [
+        env
+        for env, token in (("SPECCTL_ADMIN_TOKEN", auth.admin_token), ("SPECCTL_INGEST_TOKEN", auth.ingest_token))
+        if token is None or not token.get_secret_value()
+    ]
+    if missing and not auth.insecure_dev:
+        problems.append(
+            f"{' and '.join(missing)} not set: refusing to start without authentication "
+            "(set them, or pass --insecure-dev for a local development server)"
+        )
+    for env, token in (("SPECCTL_ADMIN_TOKEN", auth.admin_token), ("SPECCTL_INGEST_TOKEN", auth.ingest_token)):
+        if token is not None and 0 < len(token.get_secret_value()) < MIN_TOKEN_CHARS:
+            problems.append(f"{env} is shorter than {MIN_TOKEN_CHARS} characters")
+    if (
+        auth.admin_token is not None
+        and auth.ingest_token is not None
+        and auth.admin_token.get_secret_value()
+        and auth.admin_token.get_secret_value() == auth.ingest_token.get_secret_value()
+    ):
+        problems.append("SPECCTL_ADMIN_TOKEN and SPECCTL_INGEST_TOKEN must differ")
+
+
+def _describe(error: ValidationError) -> list[str]:
+    # Only the field and the message: pydantic's full text would echo the input (maybe a token).
+    return [f"SPECCTL_{str(e['loc'][0]).upper() if e['loc'] else '?'}: {e['msg']}" for e in error.errors()]
+
+
+def load_settings(
+    server: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
+    store: dict[str, Any] | None = None,
+) -> ServiceSettings:
+    """Read the environment, apply non-None overrides (from the command line), validate everything.
+
+    Raises :class:`SettingsError` listing all problems, never the token values.
+    """
+    problems: list[str] = []
+    parts: dict[str, Any] = {}
+    sources = (("server", ServerSettings, server), ("auth", AuthSettings, auth), ("store", StoreSettings, store))
+    for name, cls, given in sources:
+        overrides = {k: v for k, v in (given or {}).items() if v is not None}
+        try:
+            parts[name] = cls(**overrides)
+        except ValidationError as exc:
+            problems.extend(_describe(exc))
+    if "auth" in parts:
+        _check_tokens(parts["auth"], problems)
+    if problems:
+        raise SettingsError("; ".join(problems))
+    return ServiceSettings(**parts)

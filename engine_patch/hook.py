@@ -1,0 +1,411 @@
+"""What the patch does inside the engine loop, independent of vLLM's classes (duck-typed requests).
+
+Per step, three sections, each O(1) per request, no I/O, no locks:
+
+``before_schedule(running)`` -- before vLLM's ``Scheduler.schedule()``:
+    read the policy table once (expired → the engine's static config); for each running request resolve its
+    rule (cached on the request; re-resolved only when the table changed), then
+    * model-free method different from the engine's drafter (synchronous scheduling only): replace the
+      request's drafts by the patch's proposal (:mod:`engine_patch.proposers`); verification stays exact;
+    * cap the drafts to the request's k: ``spec_token_ids = spec_token_ids[:k]`` -- always a *new* list,
+      because the async scheduler shares one placeholder list between requests;
+    * note the largest k this request can need next step (:func:`~engine_patch.policy_table.next_k_bound`);
+    then score model-free drafters counterfactually on a few requests, within a token bucket that refills
+    at ``counterfactual_share`` of step time.
+
+``after_schedule(output)`` -- at the start of vLLM's ``_update_after_schedule`` (still inside
+``schedule()``, before the async scheduler sizes its placeholders): set
+``output.num_spec_tokens_to_schedule`` -- the depth the engine's drafter drafts for the next step -- to the
+largest k any request of the batch can use (requests drafted by the patch need none). Left untouched on the
+static config.
+
+``observe(output, runner_output)`` / ``finish(output)`` -- around vLLM's ``update_from_output``:
+per scheduled request, drafted = scheduled drafts − grammar-invalid drafts and accepted = sampled tokens −
+1 (vLLM's own arithmetic, so the sums reconcile with ``vllm:spec_decode_num_*_tokens_total``); aggregate per
+(category, method) into accepted-count histograms; advance the request's k with
+:func:`controller.adapt.next_k`; push one :class:`~engine_patch.telemetry.StepRow`.
+
+Placeholder padding (vLLM pads a request admitted with exactly one new token to ``1 + num_spec_tokens``
+with placeholder drafts, ignoring any cap) is disabled by the scheduler at start-up, see
+:mod:`engine_patch.scheduler`.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller import protocol
+from controller.adapt import RequestK, next_k
+from engine_patch.categories import category_from_sampling_params
+from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
+from engine_patch.proposers import PROPOSERS, TokenHistory
+from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_counterfactual, add_draft, new_entry
+
+#: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
+STATE_ATTR = "_specctl_state"
+#: Counterfactual credit never exceeds this, so a long idle period does not buy a burst of scoring work.
+CF_CREDIT_CAP_NS = 20_000_000
+
+
+class RequestState:
+    """The patch's per-request state."""
+
+    __slots__ = ("category", "gen", "cat_rule", "rule", "adapt", "key_on", "key_off", "history", "pending")
+
+    def __init__(self, category: str) -> None:
+        self.category = category
+        self.gen = -1
+        self.cat_rule: CategoryRule | None = None
+        self.rule: CategoryRule | None = None  # cat_rule, or its probe rule for a probed request
+        self.adapt = RequestK(k=0)
+        self.key_on: tuple[str, str] = (category, protocol.METHOD_OFF)
+        self.key_off: tuple[str, str] = (category, protocol.METHOD_OFF)
+        self.history: TokenHistory | None = None
+        self.pending: list[tuple[str, int, list[int]]] | None = None  # counterfactual proposals to score
+
+
+def probe_selected(request_id: str, rate: float) -> bool:
+    """Deterministic per request id: the same request is always probed or never."""
+    return zlib.crc32(request_id.encode()) < rate * 4294967296.0
+
+
+def common_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
+    n = 0
+    for a, b in zip(proposal, actual):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class HookStats:
+    """Cost of the patch in the engine loop, for the overhead benchmark and logs."""
+
+    steps: int = 0
+    hook_ns: int = 0
+    wall_ns: int = 0
+    cf_ns: int = 0
+    cf_scored: int = 0
+    draft_ns: int = 0  # model-free drafting for categories that use it (a drafter's cost, not overhead)
+    #: batch size -> [steps, hook ns, wall ns]
+    by_batch: dict[int, list[int]] = field(default_factory=dict)
+
+    def record(self, batch: int, hook_ns: int, wall_ns: int) -> None:
+        self.steps += 1
+        self.hook_ns += hook_ns
+        self.wall_ns += wall_ns
+        row = self.by_batch.get(batch)
+        if row is None:
+            row = self.by_batch[batch] = [0, 0, 0]
+        row[0] += 1
+        row[1] += hook_ns
+        row[2] += wall_ns
+
+
+class _Step:
+    """What one step carries from ``schedule()`` to ``update_from_output()``."""
+
+    __slots__ = ("output", "t0", "hook_ns", "depth", "table", "agg")
+
+    def __init__(self, t0: int, table: PolicyTable) -> None:
+        self.output: Any = None
+        self.t0 = t0
+        self.hook_ns = 0
+        self.depth = 0
+        self.table = table
+        self.agg: Aggregate = {}
+
+
+class SpecHook:
+    def __init__(
+        self,
+        engine: EngineSpec,
+        holder: PolicyHolder,
+        queue: StepQueue,
+        *,
+        async_mode: bool = False,
+        max_categories: int = 24,
+        counterfactual_share: float = 0.004,
+        min_draft_depth: int = 0,
+        search_window: int = 4096,
+        num_sampled_per_step: int = 1,
+        validate_drafts: Callable[[Any, list[int]], list[int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        perf_ns: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.engine = engine
+        self.holder = holder
+        self.queue = queue
+        self.async_mode = async_mode
+        self.max_categories = max_categories
+        self.cf_share = counterfactual_share
+        self.cf_methods = tuple(engine.model_free_methods) if engine.k_max > 0 and counterfactual_share > 0 else ()
+        self.min_draft_depth = min(min_draft_depth, engine.k_max)
+        self.window = search_window
+        self.num_sampled = num_sampled_per_step
+        self.validate_drafts = validate_drafts
+        self.clock = clock
+        self.perf_ns = perf_ns
+        self.stats = HookStats()
+        self._categories: set[str] = {protocol.DEFAULT_CATEGORY}
+        self._next: _Step | None = None  # built by before_schedule, claimed by after_schedule
+        self._inflight: deque[_Step] = deque()
+        self._current: _Step | None = None  # claimed by observe, finished by finish
+        self._cf_credit_ns = 0.0
+        self._cf_cursor = 0
+
+    # -- per-request rule ------------------------------------------------------------------------------
+
+    def _admit_category(self, category: str) -> str:
+        if category in self._categories:
+            return category
+        if len(self._categories) >= self.max_categories:
+            return protocol.DEFAULT_CATEGORY
+        self._categories.add(category)
+        return category
+
+    def state_of(self, request: Any, table: PolicyTable) -> RequestState:
+        state = getattr(request, STATE_ATTR, None)
+        if state is None:
+            category = self._admit_category(category_from_sampling_params(request.sampling_params))
+            state = RequestState(category)
+            setattr(request, STATE_ATTR, state)
+        if state.gen != table.generation:
+            self._resolve(state, request, table)
+        return state
+
+    def _resolve(self, state: RequestState, request: Any, table: PolicyTable) -> None:
+        state.gen = table.generation
+        cat_rule = table.rule_for(state.category)
+        if cat_rule is state.cat_rule:
+            return  # the category's rule did not change: keep the request's adaptation state
+        state.cat_rule = cat_rule
+        rule = cat_rule
+        if cat_rule.probe is not None and probe_selected(request.request_id, cat_rule.probe_rate):
+            rule = cat_rule.probe
+        state.rule = rule
+        state.adapt = RequestK(k=rule.k)
+        state.key_on = (state.category, rule.method)
+        state.key_off = (state.category, protocol.METHOD_OFF)
+
+    # -- before schedule() -----------------------------------------------------------------------------
+
+    def before_schedule(self, running: Sequence[Any]) -> None:
+        t0 = self.perf_ns()
+        table = self.holder.current(self.clock())
+        step = _Step(t0, table)
+        static = table.is_static
+        depth = 0
+        can_replace = not self.async_mode
+        for request in running:
+            state = getattr(request, STATE_ATTR, None)
+            if state is None or state.gen != table.generation:
+                state = self.state_of(request, table)
+            if static:
+                continue  # the static config caps nothing: every request runs the engine's own k
+            k = state.adapt.k
+            rule = state.rule
+            if rule.model_free:
+                if can_replace and k > 0 and request.num_tokens - request.num_computed_tokens == 1:
+                    self._draft_model_free(request, state, k)
+            else:
+                bound = k if rule.adapt.k_min == rule.adapt.k_max else next_k_bound(state.adapt, rule)
+                if bound > depth:
+                    depth = bound
+            spec = request.spec_token_ids
+            if len(spec) > k:
+                request.spec_token_ids = spec[:k]
+        step.depth = depth
+        if self.cf_methods and self._cf_credit_ns > 0 and running:
+            self._score_counterfactual(running, step)
+        step.hook_ns = self.perf_ns() - t0
+        self._next = step
+
+    def _draft_model_free(self, request: Any, state: RequestState, k: int) -> None:
+        t = self.perf_ns()
+        if state.history is None:
+            state.history = TokenHistory(request.num_tokens + 64)
+        tokens = state.history.sync(request.all_token_ids)
+        proposal = PROPOSERS[state.rule.method](tokens, k, window=self.window)
+        if proposal and self.validate_drafts is not None and getattr(request, "use_structured_output", False):
+            proposal = self.validate_drafts(request, proposal)
+        request.spec_token_ids = proposal
+        self.stats.draft_ns += self.perf_ns() - t
+
+    # -- counterfactual scoring ------------------------------------------------------------------------
+
+    def _score_counterfactual(self, running: Sequence[Any], step: _Step) -> None:
+        start = self.perf_ns()
+        budget = self._cf_credit_ns
+        n = len(running)
+        i = self._cf_cursor % n
+        for _ in range(n):
+            request = running[i]
+            i = (i + 1) % n
+            state = getattr(request, STATE_ATTR, None)
+            if state is not None and request.num_output_tokens > 0:
+                self._score_request(request, state, step.agg)
+            if self.perf_ns() - start >= budget:
+                break
+        self._cf_cursor = i
+        spent = self.perf_ns() - start
+        self._cf_credit_ns -= spent
+        self.stats.cf_ns += spent
+
+    def _score_request(self, request: Any, state: RequestState, agg: Aggregate) -> None:
+        """Resolve this request's due proposals, then propose again for each model-free method not pending."""
+        if state.history is None:
+            state.history = TokenHistory(request.num_tokens + 64)
+            state.pending = []
+        tokens = state.history.sync(request.all_token_ids)
+        length = tokens.shape[0]
+        pending = state.pending if state.pending is not None else []
+        key = state.key_on if state.adapt.k > 0 else state.key_off
+        waiting: list[tuple[str, int, list[int]]] = []
+        for method, position, proposal in pending:
+            if length >= position + len(proposal):
+                entry = agg.get(key)
+                if entry is None:
+                    entry = agg[key] = new_entry()
+                actual = tokens[position : position + len(proposal)].tolist()
+                add_counterfactual(entry, method, len(proposal), common_prefix(proposal, actual))
+                self.stats.cf_scored += 1
+            else:
+                waiting.append((method, position, proposal))
+        busy = {method for method, _, _ in waiting}
+        own = state.rule.method if state.rule is not None else None
+        for method in self.cf_methods:
+            if method == own or method in busy:
+                continue
+            proposal = PROPOSERS[method](tokens, self.engine.k_max, window=self.window)
+            if proposal:
+                waiting.append((method, length, proposal))
+        state.pending = waiting
+
+    # -- inside schedule(), before the placeholders are sized -------------------------------------------
+
+    def after_schedule(self, output: Any, requests: Mapping[str, Any]) -> None:
+        step = self._next
+        self._next = None
+        if step is None:
+            return
+        t = self.perf_ns()
+        step.output = output
+        table = step.table
+        if not table.is_static and self.engine.k_max > 0:
+            depth = step.depth
+            # Requests admitted in this step were not in the running list before schedule().
+            for new in getattr(output, "scheduled_new_reqs", ()):
+                request = requests.get(new.req_id)
+                if request is None:
+                    continue
+                state = self.state_of(request, table)
+                if not state.rule.model_free:
+                    depth = max(depth, next_k_bound(state.adapt, state.rule))
+            depth = min(max(depth, self.min_draft_depth), self.engine.k_max)
+            step.depth = depth
+            output.num_spec_tokens_to_schedule = depth
+        else:
+            step.depth = getattr(output, "num_spec_tokens_to_schedule", self.engine.k_max)
+        self._inflight.append(step)
+        step.hook_ns += self.perf_ns() - t
+
+    # -- around update_from_output() --------------------------------------------------------------------
+
+    def observe(self, output: Any, runner_output: Any, requests: Mapping[str, Any]) -> None:
+        t = self.perf_ns()
+        step = None
+        while self._inflight:  # steps complete in the order they were scheduled
+            candidate = self._inflight.popleft()
+            if candidate.output is output:
+                step = candidate
+                break
+        self._current = step
+        if step is None:
+            return
+        table = step.table
+        agg = step.agg
+        sched_spec = output.scheduled_spec_decode_tokens
+        invalid = getattr(output, "num_invalid_spec_tokens", None)
+        sampled = runner_output.sampled_token_ids
+        index = runner_output.req_id_to_index
+        ns = self.num_sampled
+        draft_tokens = 0
+        for req_id in output.num_scheduled_tokens:
+            request = requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            state = getattr(request, STATE_ATTR, None)
+            if state is None:
+                state = self.state_of(request, table)
+            spec = sched_spec.get(req_id)
+            generated = None
+            if sampled:
+                i = index.get(req_id)
+                if i is not None and i < len(sampled):
+                    generated = sampled[i]
+            rule = state.rule
+            if spec:
+                draft_tokens += len(spec)
+            if spec and generated:
+                if getattr(request, "num_stale_output_tokens", 0) > 0 and getattr(request, "drop_stale_output", False):
+                    continue  # vLLM discards this output (and does not count it)
+                drafted = len(spec) - (invalid.get(req_id, 0) if invalid else 0)
+                accepted = len(generated) - ns
+                if accepted < 0:
+                    accepted = 0
+                entry = agg.get(state.key_on)
+                if entry is None:
+                    entry = agg[state.key_on] = new_entry()
+                entry[0] += 1
+                if drafted > 0:
+                    add_draft(entry[1], drafted, accepted)
+                if rule.adapt.k_min != rule.adapt.k_max:
+                    next_k(state.adapt, drafted, accepted, rule.adapt)
+            else:
+                key = state.key_on if state.adapt.k > 0 else state.key_off
+                entry = agg.get(key)
+                if entry is None:
+                    entry = agg[key] = new_entry()
+                entry[0] += 1
+                if generated and rule.adapt.k_min != rule.adapt.k_max:
+                    next_k(state.adapt, 0, 0, rule.adapt)
+        step.output = draft_tokens  # the output object is no longer needed; keep the count
+        step.hook_ns += self.perf_ns() - t
+
+    def finish(self, output: Any) -> None:
+        step = self._current
+        self._current = None
+        if step is None:
+            return
+        t = self.perf_ns()
+        batch = len(output.num_scheduled_tokens)
+        scheduled = output.total_num_scheduled_tokens
+        draft_tokens = step.output if isinstance(step.output, int) else 0
+        if scheduled > 0:
+            self.queue.push(StepRow(
+                t=self.clock(),
+                wall_s=(t - step.t0) / 1e9,
+                batch_size=batch,
+                scheduled_tokens=scheduled,
+                draft_tokens=draft_tokens,
+                prefill_tokens=max(scheduled - batch - draft_tokens, 0),
+                draft_depth=step.depth,
+                agg=step.agg,
+            ))
+        end = self.perf_ns()
+        wall_ns = end - step.t0
+        if self.cf_methods:
+            self._cf_credit_ns = min(self._cf_credit_ns + self.cf_share * wall_ns, CF_CREDIT_CAP_NS)
+        self.stats.record(batch, step.hook_ns + (end - t), wall_ns)
+
+    # -- helpers for tests and the benchmark -----------------------------------------------------------
+
+    def categories(self) -> Iterable[str]:
+        return tuple(self._categories)

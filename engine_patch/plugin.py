@@ -1,0 +1,36 @@
+"""``vllm.general_plugins`` entry point (``specctl = "engine_patch.plugin:register"``).
+
+vLLM calls :func:`register` in every process it starts (API server, EngineCore, workers), possibly more than
+once. It only checks the vLLM version and logs once per process; it imports nothing heavy, changes no vLLM
+state and never raises, so installing the package can never break a vLLM process that does not use the
+patch. The patch itself is switched on with ``--scheduler-cls engine_patch.scheduler.SpecctlScheduler``
+(and, for categories derived from tools/response_format, ``--middleware
+engine_patch.middleware.CategoryMiddleware``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from engine_patch import versions
+
+# Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.specctl.plugin")
+
+
+def register() -> None:
+    """Idempotent, cheap, never raises."""
+    try:
+        _check_version_once()
+    except Exception:  # noqa: BLE001 - a plugin must never break the process that loads it
+        pass
+
+
+@functools.cache
+def _check_version_once() -> str | None:
+    problem = versions.support_problem(versions.installed_version())
+    if problem:
+        logger.warning("specctl: %s; the engine patch will refuse to load (set %s=1 to try anyway)",
+                       problem, versions.ALLOW_ENV)
+    return problem

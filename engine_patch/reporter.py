@@ -1,0 +1,210 @@
+"""The reporter thread: posts telemetry to the controller and installs the policy it answers with.
+
+Loop (a daemon thread in the EngineCore process; the engine loop never waits on it):
+
+1. every ``report_interval_s``, drain up to ``batch_max_steps`` rows from the :class:`StepQueue` into a
+   :class:`~controller.protocol.TelemetryBatch` with the next ``seq`` (an empty batch is a heartbeat that
+   also fetches the policy);
+2. ``POST {controller}/v1/telemetry`` with the ingest token, short timeouts;
+3. a valid :class:`~controller.protocol.TelemetryAck` for that ``seq`` → install its policy (validated against
+   the engine's limits in :mod:`engine_patch.policy_table`), next ``seq``;
+4. unreachable, timeout, 5xx, 401/403/408/429, or an answer that is not a valid ack for this seq → keep the
+   *same* batch (same seq: the controller de-duplicates a batch it did receive) and retry after an
+   exponential backoff (``interval * 2^failures``, capped at ``backoff_max_s``). Meanwhile rows keep queueing;
+   beyond the queue's capacity the oldest are dropped and counted in ``dropped_steps``;
+5. any other 4xx: the controller refuses this batch for good; it is dropped (counted) so that one bad batch
+   cannot block the stream.
+
+The installed policy expires ``ttl_s`` after receipt on the engine's monotonic clock, so a controller that
+stops answering (or answers garbage) puts the engine back on its static config by itself; the next valid
+ack re-attaches it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from controller import protocol
+from engine_patch.policy_table import PolicyHolder
+from engine_patch.settings import EngineSettings
+from engine_patch.telemetry import StepQueue, row_to_wire
+
+# Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.specctl.reporter")
+
+#: Statuses after which the same batch is retried (the controller may accept it later).
+RETRY_STATUSES = frozenset({401, 403, 408, 425, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    engine_id: str
+    boot_id: str
+    model_name: str
+    spec: protocol.SpecConfig
+
+
+@dataclass(slots=True)
+class ReporterCounters:
+    posts: int = 0
+    acked: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    rejected_batches: int = 0
+    garbage_answers: int = 0
+    policies_installed: int = 0
+
+
+class Reporter:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        queue: StepQueue,
+        holder: PolicyHolder,
+        identity: Identity,
+        client: httpx.Client | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.holder = holder
+        self.identity = identity
+        self.counters = ReporterCounters()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._client = client or make_client(settings)
+        self._spec = identity.spec.model_dump()
+        self._seq = 0
+        self._pending: dict[str, Any] | None = None
+        self._consecutive_failures = 0
+        self._attached = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- one round trip (synchronous; the thread calls it, tests call it directly) --------------------
+
+    def build_batch(self) -> dict[str, Any]:
+        rows = self.queue.drain(self.settings.batch_max_steps)
+        return {
+            "protocol": protocol.PROTOCOL_VERSION,
+            "engine_id": self.identity.engine_id,
+            "boot_id": self.identity.boot_id,
+            "model_name": self.identity.model_name,
+            "seq": self._seq,
+            "sent_at": self._wall_clock(),
+            "spec": self._spec,
+            "policy_version": self.holder.applied_version(self._clock()),
+            "dropped_steps": self.queue.dropped,
+            "steps": [row_to_wire(row) for row in rows],
+        }
+
+    def run_once(self) -> str:
+        """Post the pending batch (building one if none is pending). Returns the outcome's name."""
+        if self._pending is None:
+            self._pending = self.build_batch()
+        batch = self._pending
+        self.counters.posts += 1
+        try:
+            response = self._client.post(self.settings.telemetry_url, json=batch)
+        except httpx.HTTPError as exc:
+            return self._failed(f"{type(exc).__name__}: {exc}")
+        status = response.status_code
+        if status == 200:
+            return self._answered(batch, response)
+        if 400 <= status < 500 and status not in RETRY_STATUSES:
+            self.counters.rejected_batches += 1
+            logger.warning("specctl: controller refused telemetry batch seq=%d (%d): %.300s",
+                           batch["seq"], status, response.text)
+            self._advance()
+            return "rejected"
+        return self._failed(f"HTTP {status}")
+
+    def _answered(self, batch: dict[str, Any], response: httpx.Response) -> str:
+        try:
+            ack = protocol.TelemetryAck.model_validate_json(response.content)
+        except ValidationError as exc:
+            self.counters.garbage_answers += 1
+            return self._failed(f"invalid ack ({exc.error_count()} errors)")
+        if ack.seq != batch["seq"]:
+            self.counters.garbage_answers += 1
+            return self._failed(f"ack for seq {ack.seq}, expected {batch['seq']}")
+        self.holder.install(ack.policy, self._clock())
+        self.counters.policies_installed += 1
+        if ack.outcome == "duplicate":
+            self.counters.duplicates += 1
+        else:
+            self.counters.acked += 1
+        if not self._attached:
+            logger.info("specctl: attached to controller %s (policy v%d, ttl %.1f s)",
+                        self.settings.controller_url, ack.policy.version, ack.policy.ttl_s)
+            self._attached = True
+        self._advance()
+        return ack.outcome
+
+    def _advance(self) -> None:
+        self._pending = None
+        self._seq += 1
+        self._consecutive_failures = 0
+
+    def _failed(self, reason: str) -> str:
+        self.counters.failures += 1
+        self._consecutive_failures += 1
+        if self._attached or self.counters.failures == 1:
+            logger.warning("specctl: controller %s not usable (%s); retrying with backoff, the engine falls back "
+                           "to its static speculative config when the policy expires",
+                           self.settings.controller_url, reason)
+            self._attached = False
+        return "retry"
+
+    def next_delay(self) -> float:
+        interval = self.settings.report_interval_s
+        if self._consecutive_failures == 0:
+            return interval
+        exponent = min(self._consecutive_failures, 30)
+        return min(self.settings.backoff_max_s, interval * (2.0 ** exponent))
+
+    # -- thread ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specctl-reporter", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.next_delay()):
+            self._run_guarded()
+
+    def _run_guarded(self) -> None:
+        try:
+            self.run_once()
+        except Exception:  # noqa: BLE001 - the reporter must outlive any bug; the engine never depends on it
+            self.counters.failures += 1
+            self._consecutive_failures += 1
+            logger.exception("specctl: reporter error")
+
+    def stop(self, flush: bool = True, timeout: float = 2.0) -> None:
+        """Stop the thread; with ``flush``, one last post of what is queued (bounded by the timeouts)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if flush and (self._pending is not None or len(self.queue)) and self._consecutive_failures == 0:
+            self._run_guarded()
+        self._client.close()
+
+
+def make_client(settings: EngineSettings) -> httpx.Client:
+    headers = {"user-agent": "specctl-engine-patch"}
+    if settings.ingest_token is not None:
+        headers["authorization"] = f"Bearer {settings.ingest_token.get_secret_value()}"
+    timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
+    # trust_env=False: proxy variables meant for the model download must not reroute engine -> controller.
+    return httpx.Client(timeout=timeout, headers=headers, trust_env=False)

@@ -1,0 +1,173 @@
+"""The patch's runtime inside one EngineCore, and the scheduler mixin that drives it (no vLLM import here).
+
+:class:`SpecctlMixin` overrides four scheduler methods and calls the parent in each; the work sits in
+:class:`engine_patch.hook.SpecHook`. Every hook call is guarded: an exception is logged once per hook,
+counted, and that step runs exactly as vLLM would; after ``SPECCTL_ERROR_LIMIT`` failures the patch turns
+itself off for the engine's lifetime. Nothing in the patch can raise into vLLM's loop.
+
+:func:`build_runtime` also disables vLLM's placeholder-draft padding (a request admitted with exactly one new
+token is padded to ``1 + num_spec_tokens`` drafts regardless of any cap): vLLM skips that padding when a
+batch-size K table is set, so the runtime installs the constant table "K for every batch size", which changes
+nothing else (the drafting depth it yields is the static ``num_spec_tokens``). A user's own batch-size table is
+left in place and is what the engine falls back to.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from controller import protocol
+from engine_patch.hook import SpecHook
+from engine_patch.policy_table import EngineSpec, PolicyHolder
+from engine_patch.reporter import Identity, Reporter
+from engine_patch.settings import EngineSettings, default_engine_id, load_settings
+from engine_patch.telemetry import StepQueue
+
+# Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.specctl.engine")
+
+MODEL_FREE_METHODS = (protocol.METHOD_NGRAM, protocol.METHOD_SUFFIX)
+
+
+class SpecctlRuntime:
+    """Everything the patch holds in one EngineCore: hook, policy holder, queue, reporter, failure count."""
+
+    def __init__(self, hook: SpecHook, reporter: Reporter | None, error_limit: int) -> None:
+        self.hook = hook
+        self.reporter = reporter
+        self.enabled = True
+        self.errors: dict[str, int] = {}
+        self.error_limit = error_limit
+
+    def failed(self, section: str) -> None:
+        count = self.errors.get(section, 0) + 1
+        self.errors[section] = count
+        if count == 1:
+            logger.exception("specctl: %s failed; this step runs as plain vLLM (logged once per hook)", section)
+        if sum(self.errors.values()) >= self.error_limit and self.enabled:
+            self.enabled = False
+            logger.error("specctl: %d hook failures %s; the patch is off for the rest of this engine's life",
+                         sum(self.errors.values()), self.errors)
+
+    def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.stop(flush=True)
+
+
+def engine_spec(vllm_config: Any, num_spec_tokens: int, async_mode: bool) -> EngineSpec:
+    spec = vllm_config.speculative_config
+    method = str(getattr(spec, "method", "") or "").lower() if spec is not None else ""
+    k_max = min(num_spec_tokens, protocol.MAX_K) if spec is not None else 0
+    if k_max <= 0 or not method:
+        return EngineSpec(method=protocol.METHOD_OFF, k_max=0)
+    model_free = () if async_mode else tuple(m for m in MODEL_FREE_METHODS if m != method)
+    return EngineSpec(method=method[:32], k_max=k_max, model_free_methods=model_free)
+
+
+def served_model_name(vllm_config: Any) -> str:
+    name = getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    return str(name)[:256]
+
+
+def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> SpecctlRuntime:
+    settings = settings or load_settings()
+    config = scheduler.vllm_config
+    async_mode = bool(getattr(scheduler, "specctl_async", False)) or bool(config.scheduler_config.async_scheduling)
+    engine = engine_spec(config, int(getattr(scheduler, "num_spec_tokens", 0) or 0), async_mode)
+    if engine.k_max > 0 and getattr(scheduler, "dynamic_sd_lookup", ...) is None:
+        scheduler.dynamic_sd_lookup = [engine.k_max] * (config.scheduler_config.max_num_seqs + 1)
+    holder = PolicyHolder(engine)
+    queue = StepQueue(settings.queue_steps)
+    validator = getattr(scheduler.structured_output_manager, "validate_tokens", None)
+    hook = SpecHook(
+        engine,
+        holder,
+        queue,
+        async_mode=async_mode,
+        max_categories=settings.max_categories,
+        counterfactual_share=settings.counterfactual_share,
+        min_draft_depth=settings.min_draft_depth,
+        search_window=settings.search_window_tokens,
+        num_sampled_per_step=getattr(scheduler, "num_sampled_tokens_per_step", 1),
+        validate_drafts=validator,
+    )
+    reporter = None
+    if settings.reporting_enabled:
+        rank = getattr(config.parallel_config, "data_parallel_rank", 0) or 0
+        identity = Identity(
+            engine_id=settings.engine_id or default_engine_id(rank),
+            boot_id=uuid.uuid4().hex[:16],
+            model_name=served_model_name(config),
+            spec=engine.to_protocol(),
+        )
+        reporter = Reporter(settings, queue, holder, identity)
+        reporter.start()
+    logger.info(
+        "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s, controller=%s)",
+        engine.method, engine.k_max, async_mode, ",".join(engine.model_free_methods) or "-",
+        settings.controller_url if reporter else "off",
+    )
+    return SpecctlRuntime(hook, reporter, settings.error_limit)
+
+
+class SpecctlMixin:
+    """Hooks around vLLM's scheduler; see the module docstring."""
+
+    _specctl: SpecctlRuntime | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._specctl = None
+        try:
+            self._specctl = build_runtime(self)
+        except Exception:  # noqa: BLE001 - a broken patch must leave a working vLLM
+            logger.exception("specctl: engine patch failed to start; the engine runs as plain vLLM")
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        rt = self._specctl
+        if rt is not None and rt.enabled:
+            try:
+                rt.hook.before_schedule(self.running)
+            except Exception:  # noqa: BLE001
+                rt.failed("before_schedule")
+        return super().schedule(*args, **kwargs)
+
+    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = self._specctl
+        if rt is not None and rt.enabled:
+            try:
+                rt.hook.after_schedule(scheduler_output, self.requests)
+            except Exception:  # noqa: BLE001
+                rt.failed("after_schedule")
+        return super()._update_after_schedule(scheduler_output, *args, **kwargs)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = self._specctl
+        active = rt is not None and rt.enabled
+        if active:
+            try:
+                rt.hook.observe(scheduler_output, model_runner_output, self.requests)
+            except Exception:  # noqa: BLE001
+                rt.failed("observe")
+        outputs = super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
+        if active:
+            try:
+                rt.hook.finish(scheduler_output)
+            except Exception:  # noqa: BLE001
+                rt.failed("finish")
+        return outputs
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().shutdown(*args, **kwargs)
+        finally:
+            rt = self._specctl
+            if rt is not None:
+                try:
+                    rt.close()
+                except Exception:  # noqa: BLE001
+                    logger.exception("specctl: shutdown of the reporter failed")

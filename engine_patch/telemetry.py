@@ -1,0 +1,119 @@
+"""Per-step records, from the engine loop to the reporter thread, and their wire form.
+
+The engine loop builds one compact :class:`StepRow` per step (plain tuples/dicts/lists, no validation, no
+allocation per draft) and appends it to a :class:`StepQueue`; the reporter thread drains the queue and turns
+rows into :class:`~controller.protocol.StepRecord`-shaped dicts (:func:`row_to_wire`). Appending is one
+``deque.append`` (thread-safe, O(1)); a full queue drops its oldest row and counts it.
+
+Aggregation per step, keyed by ``(category, method)``: ``[requests, hists, counterfactual]`` where
+``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the protocol's
+:class:`~controller.protocol.DraftHistogram` -- and ``counterfactual[method][k][j]`` the same for model-free
+drafters scored against the tokens the target produced.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+from controller import protocol
+
+#: ``(category, method) -> [requests, {k: accepted-buckets}, {method: {k: accepted-buckets}} | None]``
+Aggregate = dict[tuple[str, str], list[Any]]
+
+
+class StepRow(NamedTuple):
+    t: float  # engine monotonic clock at step end, seconds
+    wall_s: float
+    batch_size: int
+    scheduled_tokens: int
+    draft_tokens: int
+    prefill_tokens: int
+    draft_depth: int
+    agg: Aggregate
+
+
+def new_entry() -> list[Any]:
+    return [0, {}, None]
+
+
+def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
+    """Count one request that had ``drafted`` drafts scheduled and ``accepted`` of them accepted."""
+    bucket = hists.get(drafted)
+    if bucket is None:
+        bucket = hists[drafted] = [0] * (drafted + 1)
+    bucket[accepted if accepted < drafted else drafted] += 1
+
+
+def add_counterfactual(entry: list[Any], method: str, drafted: int, accepted: int) -> None:
+    cf = entry[2]
+    if cf is None:
+        cf = entry[2] = {}
+    hists = cf.get(method)
+    if hists is None:
+        hists = cf[method] = {}
+    add_draft(hists, drafted, accepted)
+
+
+class StepQueue:
+    """Bounded hand-off from the engine loop (producer) to the reporter thread (consumer)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._rows: deque[StepRow] = deque(maxlen=capacity)
+        self._capacity = capacity
+        self._dropped = 0  # written by the engine loop only
+
+    @property
+    def dropped(self) -> int:
+        """Rows dropped since start (oldest first) because the reporter could not keep up or deliver."""
+        return self._dropped
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def push(self, row: StepRow) -> None:
+        if len(self._rows) >= self._capacity:
+            self._dropped += 1
+        self._rows.append(row)  # maxlen: the deque itself discards the oldest
+
+    def drain(self, limit: int) -> list[StepRow]:
+        rows: list[StepRow] = []
+        pop = self._rows.popleft
+        try:
+            while len(rows) < limit:
+                rows.append(pop())
+        except IndexError:
+            pass
+        return rows
+
+
+def _hists_to_wire(hists: dict[int, list[int]]) -> list[dict[str, Any]]:
+    return [
+        {"k": k, "accepted": list(buckets)} for k, buckets in sorted(hists.items()) if 1 <= k <= protocol.MAX_K
+    ]
+
+
+def row_to_wire(row: StepRow) -> dict[str, Any]:
+    """A :class:`StepRow` as a :class:`~controller.protocol.StepRecord` dict."""
+    categories = []
+    for (category, method), (requests, hists, cf) in row.agg.items():
+        entry: dict[str, Any] = {
+            "category": category,
+            "method": method,
+            "requests": requests,
+            "hists": _hists_to_wire(hists),
+        }
+        if cf:
+            entry["counterfactual"] = {m: _hists_to_wire(h) for m, h in cf.items() if h}
+        categories.append(entry)
+    draft_tokens = min(row.draft_tokens, row.scheduled_tokens)
+    return {
+        "t": row.t,
+        "wall_s": min(max(row.wall_s, 0.0), 3600.0),
+        "batch_size": row.batch_size,
+        "scheduled_tokens": row.scheduled_tokens,
+        "draft_tokens": draft_tokens,
+        "prefill_tokens": row.prefill_tokens,
+        "draft_depth": min(row.draft_depth, protocol.MAX_K),
+        "categories": categories[: protocol.MAX_CATEGORIES_PER_STEP],
+    }

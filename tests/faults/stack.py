@@ -1,0 +1,59 @@
+"""The fault suite's stack: one real controller (SQLite) <- fault proxy <- patched vLLM CPU engine.
+
+Settings chosen so that each fault resolves in seconds (all documented in docs/reliability.md):
+policy TTL 2 s on the controller, engine reports every 0.1 s, backs off to at most 1 s, times a post out
+after 1 s (the engine default), and buffers at most 16 step records (so a stalled controller overflows
+the queue within seconds).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.faults.harness import ContinuousLoad, Reports, Sampler
+from tests.support.faultproxy import FaultProxy
+from tests.support.specctl_serve import SpecctlServe
+from tests.support.vllm_server import NGRAM, VllmServer
+from tests.support.workload import Prompt, Result
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_DIR = Path(os.environ.get("SPECCTL_MODEL_DIR", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"))
+REPORT_PATH = Path(os.environ.get("SPECCTL_FAULTS_REPORT", ROOT / ".cache" / "faults-report.json"))
+
+K_MAX = NGRAM["num_speculative_tokens"]
+POLICY_TTL_S = 2.0
+REPORT_INTERVAL_S = 0.1
+BACKOFF_MAX_S = 1.0
+REQUEST_TIMEOUT_S = 1.0  # EngineSettings.request_timeout_s default
+CONNECT_TIMEOUT_S = 0.25  # EngineSettings.connect_timeout_s default
+QUEUE_STEPS = 16
+SNAPSHOT_INTERVAL_S = 1.0
+MAX_TOKENS = 32
+CONCURRENCY = 4
+
+
+@dataclass
+class FaultSuite:
+    controller: SpecctlServe
+    proxy: FaultProxy
+    engine: VllmServer
+    prompts: list[Prompt]
+    reports: Reports = field(default_factory=Reports)
+    reference: dict[str, Result] = field(default_factory=dict)
+    sampler: Sampler | None = None
+    load: ContinuousLoad | None = None
+
+    @property
+    def categories(self) -> set[str]:
+        return {p.category for p in self.prompts}
+
+    def config(self) -> dict:
+        return {"k_max": K_MAX, "policy_ttl_s": POLICY_TTL_S, "report_interval_s": REPORT_INTERVAL_S,
+                "backoff_max_s": BACKOFF_MAX_S, "request_timeout_s": REQUEST_TIMEOUT_S,
+                "queue_steps": QUEUE_STEPS, "snapshot_interval_s": SNAPSHOT_INTERVAL_S,
+                "max_tokens": MAX_TOKENS, "concurrency": CONCURRENCY, "prompts": len(self.prompts),
+                "cpus": os.cpu_count()}
+
+

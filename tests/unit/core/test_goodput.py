@@ -1,0 +1,195 @@
+"""Goodput policy: table-driven over batch sizes, evidence, hysteresis, probing, methods."""
+
+import pytest
+
+from controller.core.config import PolicySettings
+from controller.core.cost import CPU, H200, PRESETS
+from controller.core.estimator import expected_committed
+from controller.core.policy import baseline, goodput
+from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+
+CFG = PolicySettings(cost_preset="h200")
+
+
+def prof(method="eagle3", beta=0.8, evidence=10_000.0, cf=False, k=8):
+    betas = tuple([beta] * k) if isinstance(beta, float) else tuple(beta)
+    return MethodProfile(method, betas, evidence, cf, method in ("ngram", "suffix"))
+
+
+def snap(cats, batch, cost=H200, k_max=4, engine="eagle3", methods=None, pooled=None, prev_default=None):
+    cats = tuple(CategoryInput(*c) if isinstance(c, tuple) else c for c in cats)
+    if methods is None:
+        methods = (engine,) if engine != "off" else ()
+    return PolicySnapshot(cats, tuple(pooled or ()), float(batch), 0.0, cost, k_max, engine, tuple(methods),
+                          prev_default)
+
+
+def one(beta, batch, **kw):
+    return goodput.decide(snap([("c", float(batch), (prof(beta=beta),))], batch, **kw), CFG).by_name()["c"]
+
+
+@pytest.mark.parametrize("batch, spec_on", [(1, True), (4, True), (16, True), (256, False)])
+def test_same_acceptance_flips_with_batch_size_on_h200(batch, spec_on):
+    d = one(0.8, batch)
+    assert (d.k > 0) == spec_on, d.reason
+
+
+@pytest.mark.parametrize("beta, batch, k", [(0.95, 1, 4), (0.05, 1, 0)])
+def test_extremes(beta, batch, k):
+    assert one(beta, batch).k == k
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+@pytest.mark.parametrize("betas", [(0.9, 0.2), (0.5, 0.5), (0.3, 0.8), (0.75, 0.1)])
+def test_never_below_plain_under_the_model(preset, batch, betas):
+    cats = [("a", batch / 2, (prof(beta=betas[0]), prof("ngram", betas[1], cf=True))),
+            ("b", batch / 2, (prof(beta=betas[1]),))]
+    d = goodput.decide(snap(cats, batch, cost=PRESETS[preset], methods=("eagle3", "ngram")), CFG)
+    assert d.goodput >= d.plain_goodput * (1 - 1e-9)
+    for c in d.categories:
+        assert 0 <= c.k <= 4
+
+
+def test_optimum_matches_brute_force_for_one_category():
+    beta = (0.8, 0.7, 0.6, 0.5)
+    for batch in (1, 32, 128):
+        d = one(beta, batch)
+        n = float(batch)
+        e = expected_committed(beta)
+        g = [n * e[k] / H200.step_time(n, n * (1 + k), k) for k in range(5)]
+        assert d.k == max(range(5), key=lambda k: g[k])
+
+
+def test_categories_get_their_own_k():
+    cats = [("code", 8.0, (prof(beta=0.8),)), ("chat", 8.0, (prof(beta=0.25),))]
+    d = goodput.decide(snap(cats, 16), CFG).by_name()
+    assert d["code"].k > d["chat"].k
+    assert d["code"].speedup > 1.0
+
+
+def test_min_evidence_keeps_the_engine_default_without_pooled_evidence():
+    cats = [("new", 1.0, (prof(beta=0.05, evidence=10.0),))]
+    d = goodput.decide(snap(cats, 1), CFG).by_name()["new"]
+    assert (d.k, d.method, d.source) == (4, "eagle3", "default")
+    assert "insufficient evidence" in d.reason
+
+
+@pytest.mark.parametrize("window, k_new", [(0.0, 0), (10.0, 1)])
+def test_min_evidence_falls_back_to_the_pooled_decision_or_measures_quickly(window, k_new):
+    """Below min evidence a category takes the pooled decision, or, when its own drafter can be measured
+    within the exploration window, runs it (k >= 1, priced with the pooled profile) to get evidence."""
+    cfg = PolicySettings(cost_preset="h200", explore_window_s=window)
+    cats = [("new", 1.0, (prof(beta=0.9, evidence=10.0),))]
+    pooled = [prof(beta=0.05, evidence=5000.0)]
+    d = goodput.decide(snap(cats, 1, pooled=pooled), cfg)
+    assert d.default.k == 0
+    new = d.by_name()["new"]
+    assert (new.k, new.source) == (k_new, "default")
+
+
+def test_a_category_on_a_free_drafter_gets_measured_on_the_engine_drafter():
+    cats = [("edit", 4.0, (prof("eagle3", 0.9, evidence=20.0), prof("ngram", 0.8, cf=True)))]
+    pooled = [prof("eagle3", 0.6, evidence=5000.0), prof("ngram", 0.5, cf=True)]
+    d = goodput.decide(snap(cats, 4, methods=("eagle3", "ngram"), pooled=pooled), CFG).by_name()["edit"]
+    assert d.method == "eagle3" and d.k >= 1 and "measuring" in d.reason
+
+
+@pytest.mark.parametrize(
+    "hysteresis, previous, expect_kept",
+    [
+        (0.0, Choice(3, "eagle3"), False),
+        (0.5, Choice(3, "eagle3"), True),
+        (0.5, Choice(2, "eagle3"), True),
+        (0.5, Choice(0, "off"), False),  # a huge gain moves even with a high threshold
+        (0.5, None, False),
+    ],
+)
+def test_hysteresis(hysteresis, previous, expect_kept):
+    cfg = PolicySettings(cost_preset="h200", hysteresis=hysteresis)
+    beta = (0.9, 0.9, 0.9, 0.9)
+    free = goodput.decide(snap([CategoryInput("c", 1.0, (prof(beta=beta),))], 1), cfg).by_name()["c"]
+    d = goodput.decide(snap([CategoryInput("c", 1.0, (prof(beta=beta),), previous)], 1), cfg).by_name()["c"]
+    if expect_kept:
+        assert d.k == previous.k and "kept previous" in d.reason
+    else:
+        assert d.k == free.k
+
+
+def test_probing_at_k0_is_bounded():
+    d = one(0.8, 256)
+    assert d.k == 0 and d.source == "probe"
+    assert 0 < d.probe_rate <= CFG.probe_rate and d.probe_k == CFG.probe_k and d.probe_method == "eagle3"
+
+
+@pytest.mark.parametrize("budget", [0.0001, 0.001, 0.01])
+def test_probe_rate_respects_the_cost_budget(budget):
+    cfg = PolicySettings(cost_preset="h200", probe_budget=budget)
+    cats = [("big", 200.0, (prof(beta=0.1),)), ("small", 56.0, (prof(beta=0.1),))]
+    d = goodput.decide(snap(cats, 256), cfg).by_name()["small"]
+    assert d.k == 0
+    assert d.probe_rate <= cfg.probe_rate
+    tighter = PolicySettings(cost_preset="h200", probe_budget=budget / 10)
+    d2 = goodput.decide(snap(cats, 256), tighter).by_name()["small"]
+    assert d2.probe_rate <= d.probe_rate
+
+
+def test_no_probe_when_every_drafter_is_scored_counterfactually():
+    cats = [("chat", 8.0, (prof("ngram", 0.05, cf=True),))]
+    d = goodput.decide(snap(cats, 8, cost=CPU, engine="ngram", methods=("ngram",)), CFG).by_name()["chat"]
+    assert d.k == 0 and d.probe_rate == 0.0 and d.source == "policy"
+
+
+def test_method_choice_uses_counterfactual_stats():
+    cats = [("edit", 4.0, (prof("eagle3", 0.3), prof("ngram", 0.9, cf=True)))]
+    d = goodput.decide(snap(cats, 4, methods=("eagle3", "ngram")), CFG).by_name()["edit"]
+    assert d.method == "ngram" and d.k > 0
+    assert d.best_method == "ngram"
+
+
+def test_best_method_is_published_even_if_this_engine_cannot_run_it():
+    cats = [("edit", 4.0, (prof("eagle3", 0.3), prof("suffix", 0.95, cf=True)))]
+    d = goodput.decide(snap(cats, 4, methods=("eagle3",)), CFG).by_name()["edit"]
+    assert d.method in ("eagle3", "off")
+    assert d.best_method == "suffix" and d.best_method_speedup > 1
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_adapt_band_holds_the_choice(batch):
+    d = one((0.85, 0.8, 0.75, 0.7), batch)
+    assert 0 <= d.adapt_k_min <= d.k <= d.adapt_k_max <= 4
+    if d.k == 0:
+        assert d.adapt_k_min == d.adapt_k_max == 0
+
+
+def test_adapt_band_widens_with_tolerance():
+    narrow = goodput.decide(snap([("c", 1.0, (prof(beta=0.8),))], 1),
+                            PolicySettings(cost_preset="h200", adapt_tolerance=0.0)).by_name()["c"]
+    wide = goodput.decide(snap([("c", 1.0, (prof(beta=0.8),))], 1),
+                          PolicySettings(cost_preset="h200", adapt_tolerance=0.3)).by_name()["c"]
+    assert narrow.adapt_k_min == narrow.adapt_k_max == narrow.k
+    assert wide.adapt_k_max - wide.adapt_k_min > 0
+
+
+def test_engine_without_speculation_gets_off_everywhere():
+    d = goodput.decide(snap([("c", 1.0, (prof(beta=0.9),))], 1, k_max=0, engine="off"), CFG)
+    assert d.by_name()["c"].k == 0 and d.default.k == 0 and d.by_name()["c"].probe_rate == 0
+
+
+def test_goodput_table_rows():
+    d = one(0.8, 1)
+    ks = [r.k for r in d.table]
+    assert ks == [0, 1, 2, 3, 4]
+    best = max(d.table, key=lambda r: r.goodput)
+    assert best.k == d.k
+    assert d.table[0].speedup == pytest.approx(1.0)
+
+
+def test_decide_is_deterministic_and_pure():
+    s = snap([("a", 3.0, (prof(beta=0.7),)), ("b", 5.0, (prof(beta=0.3),))], 8)
+    assert goodput.decide(s, CFG) == goodput.decide(s, CFG)
+
+
+def test_baseline_is_the_engine_static_config():
+    d = baseline.decide(snap([("a", 1.0, (prof(beta=0.1),))], 1), CFG)
+    assert (d.by_name()["a"].k, d.by_name()["a"].method) == (4, "eagle3")

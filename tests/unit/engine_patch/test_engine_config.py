@@ -1,0 +1,85 @@
+"""Settings from the environment, the supported vLLM range, and the plugin entry point."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine_patch import plugin, versions
+from engine_patch.settings import default_engine_id, load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings({})
+    assert (s.controller_url, s.report_interval_s, s.reporting_enabled) == ("http://127.0.0.1:8081", 0.1, True)
+    assert s.telemetry_url == "http://127.0.0.1:8081/v1/telemetry"
+    assert s.ingest_token is None
+
+
+def test_environment_is_read() -> None:
+    s = load_settings({"SPECCTL_CONTROLLER_URL": "http://c:9/", "SPECCTL_INGEST_TOKEN": "secret-token-123456",
+                       "SPECCTL_REPORT_INTERVAL_S": "0.5", "SPECCTL_ENGINE_ID": "gpu-3"})
+    assert s.telemetry_url == "http://c:9/v1/telemetry"
+    assert s.ingest_token.get_secret_value() == "secret-token-123456"
+    assert "secret-token-123456" not in repr(s)
+    assert (s.report_interval_s, s.engine_id) == (0.5, "gpu-3")
+
+
+@pytest.mark.parametrize("value", ["", "off", "OFF", "none", "disabled"])
+def test_reporting_can_be_turned_off(value: str) -> None:
+    assert not load_settings({"SPECCTL_CONTROLLER_URL": value}).reporting_enabled
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"SPECCTL_REPORT_INTERVAL_S": "fast"}, {"SPECCTL_QUEUE_STEPS": "-1"}, {"SPECCTL_ENGINE_ID": "bad id!"}],
+)
+def test_invalid_values_fall_back_to_defaults_and_say_why(env: dict, caplog) -> None:
+    with caplog.at_level(logging.ERROR):
+        s = load_settings(env)
+    assert s == load_settings({})
+    assert next(iter(env)) in caplog.text
+
+
+def test_default_engine_id_is_a_valid_protocol_id() -> None:
+    import re
+
+    from controller import protocol
+
+    assert re.fullmatch(protocol.ENGINE_ID_PATTERN, default_engine_id(3))
+    assert default_engine_id(3).endswith("-dp3")
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [("0.26.0", True), ("0.32.0", True), ("0.32.1+cpu", True), ("0.29.0rc1", True), ("0.25.9", False),
+     ("0.33.0", False), ("1.0.0", False), ("garbage", False), (None, False)],
+)
+def test_supported_range(version: str | None, supported: bool) -> None:
+    assert versions.is_supported(version) is supported
+    assert (versions.support_problem(version) is None) is supported
+
+
+def test_installed_vllm_is_supported() -> None:
+    assert versions.is_supported(versions.installed_version())
+
+
+def test_plugin_is_idempotent_and_never_raises(monkeypatch, caplog) -> None:
+    plugin._check_version_once.cache_clear()
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.40.0")
+    with caplog.at_level(logging.WARNING, logger="vllm.specctl.plugin"):
+        plugin.register()
+        plugin.register()
+    assert caplog.text.count("outside the supported range") == 1
+    plugin._check_version_once.cache_clear()
+    monkeypatch.setattr(versions, "installed_version", lambda: 1 / 0)
+    plugin.register()  # must not raise
+    plugin._check_version_once.cache_clear()
+
+
+def test_plugin_is_the_declared_entry_point() -> None:
+    from importlib import metadata
+
+    eps = metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.name == "specctl" and ep.value == "engine_patch.plugin:register" for ep in eps)

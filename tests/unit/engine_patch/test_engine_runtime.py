@@ -1,0 +1,130 @@
+"""The guarded scheduler mixin on a stand-in parent: parent behaviour always, hook failures contained."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from engine_patch import runtime
+from engine_patch.runtime import SpecctlMixin, build_runtime, engine_spec
+from engine_patch.settings import EngineSettings
+
+
+class Parent:
+    """Records the calls a vLLM scheduler would receive."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.calls: list[str] = []
+        self.running: list = []
+        self.requests: dict = {}
+        self.num_spec_tokens = 4
+        self.dynamic_sd_lookup = None
+        self.structured_output_manager = SimpleNamespace(validate_tokens=lambda r, t: t)
+        self.vllm_config = config()
+
+    def schedule(self, *args, **kwargs):
+        self.calls.append("schedule")
+        return "scheduled"
+
+    def _update_after_schedule(self, output):
+        self.calls.append("after")
+
+    def update_from_output(self, output, runner_output):
+        self.calls.append("update")
+        return {"out": 1}
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+def config(method: str | None = "ngram", k: int = 4, async_scheduling: bool = False):
+    spec = SimpleNamespace(method=method, num_speculative_tokens=k) if method else None
+    return SimpleNamespace(
+        speculative_config=spec,
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling, max_num_seqs=8),
+        model_config=SimpleNamespace(served_model_name="smol", model="/m"),
+        parallel_config=SimpleNamespace(data_parallel_rank=0),
+    )
+
+
+class Patched(SpecctlMixin, Parent):
+    pass
+
+
+class Exploding:
+    """A hook whose every section raises."""
+
+    def __getattr__(self, name):
+        def boom(*a, **k):
+            raise RuntimeError(f"{name} broke")
+        return boom
+
+
+@pytest.fixture(autouse=True)
+def no_reporting(monkeypatch) -> None:
+    monkeypatch.setenv("SPECCTL_CONTROLLER_URL", "off")
+
+
+def test_parent_behaviour_is_kept_and_the_padding_is_disabled() -> None:
+    s = Patched()
+    assert s._specctl is not None and s._specctl.reporter is None
+    assert s.dynamic_sd_lookup == [4] * 9  # constant K table: no placeholder padding, same depth
+    assert s.schedule() == "scheduled"
+    assert s.update_from_output(SimpleNamespace(num_scheduled_tokens={}, total_num_scheduled_tokens=0,
+                                                scheduled_spec_decode_tokens={}), None) == {"out": 1}
+    assert s.calls == ["schedule", "update"]
+
+
+def test_hook_failures_never_reach_the_engine_loop(caplog) -> None:
+    s = Patched()
+    s._specctl.hook = Exploding()
+    s._specctl.error_limit = 6
+    with caplog.at_level(logging.ERROR, logger="vllm.specctl.engine"):
+        for _ in range(3):
+            assert s.schedule() == "scheduled"
+            s._update_after_schedule(object())
+            assert s.update_from_output(object(), object()) == {"out": 1}
+    assert s.calls == ["schedule", "after", "update"] * 3
+    assert not s._specctl.enabled  # 6 failures: the patch switched itself off
+    logged = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(logged) == 4  # once per hook, not once per failure
+    assert sum(s._specctl.errors.values()) == 6
+
+
+def test_a_patch_that_cannot_start_leaves_plain_vllm(monkeypatch) -> None:
+    monkeypatch.setattr(runtime, "build_runtime", lambda s: (_ for _ in ()).throw(ValueError("bad")))
+    s = Patched()
+    assert s._specctl is None
+    assert s.schedule() == "scheduled" and s.update_from_output(1, 2) == {"out": 1}
+
+
+def test_shutdown_stops_the_reporter() -> None:
+    s = Patched()
+    closed = []
+    s._specctl.close = lambda: closed.append(True)
+    s.shutdown()
+    assert s.calls == ["shutdown"] and closed == [True]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "k", "async_mode", "expected"),
+    [
+        (config("ngram", 4), 4, False, ("ngram", 4, ("suffix",))),
+        (config("eagle3", 3), 3, False, ("eagle3", 3, ("ngram", "suffix"))),
+        (config("eagle3", 3), 3, True, ("eagle3", 3, ())),
+        (config(None, 0), 0, False, ("off", 0, ())),
+        (config("ngram", 64), 64, False, ("ngram", 32, ("suffix",))),
+    ],
+)
+def test_engine_spec(cfg, k, async_mode, expected) -> None:
+    spec = engine_spec(cfg, k, async_mode)
+    assert (spec.method, spec.k_max, spec.model_free_methods) == expected
+
+
+def test_user_batch_size_table_is_kept() -> None:
+    parent = Parent()
+    parent.dynamic_sd_lookup = [0, 4, 2, 2]
+    build_runtime(parent, EngineSettings.model_validate({"controller_url": "off"}))
+    assert parent.dynamic_sd_lookup == [0, 4, 2, 2]

@@ -1,0 +1,105 @@
+"""The CLI over the real app (HTTP calls routed to a TestClient): output, exit codes, token handling."""
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from controller import cli
+from tests.unit.service.batches import batch, hist, step
+from tests.unit.service.conftest import ADMIN_TOKEN, INGEST
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def routed(client, monkeypatch):
+    """httpx.request -> the in-process app; records the Authorization header sent."""
+    sent = []
+
+    def request(method, url, headers=None, timeout=None, **kw):
+        sent.append((headers or {}).get("Authorization"))
+        return client.request(method, url.replace("http://ctl", ""), headers=headers, **kw)
+
+    monkeypatch.setattr(httpx, "request", request)
+    monkeypatch.setenv("SPECCTL_CONTROLLER_URL", "http://ctl")
+    monkeypatch.delenv("SPECCTL_ADMIN_TOKEN", raising=False)
+    return sent
+
+
+def run(*args, env=None):
+    return runner.invoke(cli.app, list(args), env=env or {})
+
+
+def test_status_table(client, routed):
+    steps = [step({"code": [hist(4, [0, 0, 1, 1, 6])], "prose": [hist(4, [6, 2, 0, 0, 0])]})]
+    client.post("/v1/telemetry", json=batch(0, steps), headers=INGEST)
+    result = run("status")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:4] == ["model", "category", "k", "method"]
+    assert {line.split()[1] for line in lines[1:]} == {"code", "prose"}
+    as_json = run("status", "--json")
+    assert as_json.exit_code == 0 and '"category": "code"' in as_json.output
+
+
+def test_status_empty(routed):
+    result = run("status")
+    assert result.exit_code == 0 and "no categories yet" in result.output
+
+
+def test_override_cycle(routed):
+    env = {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}
+    result = run("override", "set", "code", "--k", "2", "--ttl", "60", "--reason", "pin", "--actor", "alice", env=env)
+    assert result.exit_code == 0, result.output
+    assert "override set for code: k=2; expires in 60 s (audit #1)" in result.output
+    assert routed[-1] == f"Bearer {ADMIN_TOKEN}"
+    listed = run("override", "list")
+    assert listed.exit_code == 0 and "code" in listed.output and "alice" in listed.output
+    result = run("override", "set", "prose", "--off", "--reason", "incident", env=env)
+    assert result.exit_code == 0 and "speculation off; no expiry" in result.output
+    cleared = run("override", "clear", "code", "--reason", "done", "--actor", "bob", env=env)
+    assert cleared.exit_code == 0 and "audit #3" in cleared.output
+    assert "code" not in run("override", "list").output
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        (["override", "set", "code", "--k", "2", "--reason", "r"], {}, 1, "SPECCTL_ADMIN_TOKEN"),
+        (["override", "set", "code", "--k", "2", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": "wrong-token-xxxxxxxx"},
+         1, "HTTP 403"),
+        (["override", "set", "code", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 2, "--k N"),
+        (["override", "set", "code", "--k", "99", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 1, "k:"),
+        (["override", "clear", "nothing"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 1, "HTTP 404"),
+        (["override", "set", "code", "--k", "1"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 2, "--reason"),
+    ],
+)
+def test_errors_are_clear(routed, args, env, code, message):
+    result = run(*args, env=env)
+    assert result.exit_code == code
+    assert message in result.output
+    assert ADMIN_TOKEN not in result.output
+
+
+def test_unreachable_controller():
+    result = run("status", "--url", "http://127.0.0.1:9")
+    assert result.exit_code == cli.EXIT_UNREACHABLE and "cannot reach the controller" in result.output
+
+
+def test_serve_refuses_without_tokens(tmp_path, monkeypatch):
+    for name in ("SPECCTL_ADMIN_TOKEN", "SPECCTL_INGEST_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    result = run("serve", "--db", str(tmp_path / "x.db"))
+    assert result.exit_code == cli.EXIT_USAGE
+    assert "refusing to start without authentication" in result.output and "--insecure-dev" in result.output
+
+
+def test_serve_refuses_unusable_db(tmp_path):
+    bad = tmp_path / "junk.db"
+    bad.write_bytes(b"not a database" * 100)
+    result = run("serve", "--insecure-dev", "--db", str(bad))
+    assert result.exit_code == cli.EXIT_USAGE and "cannot start" in result.output
+
+
+def test_table_format():
+    assert cli.format_table([["a", "bbb"], ["cc", "d"]], ["h1", "h2"]).splitlines() == ["h1  h2", "a   bbb", "cc  d"]
