@@ -40,6 +40,7 @@ dashboards: venv
 check: venv
 	$(PY) -m dashboards.generate --check
 	$(PY) -m controller.openapi --check
+	promtool test rules deploy/prometheus/tests/*.yml
 
 clean:
 	rm -rf $(VENV) .cache

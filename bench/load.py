@@ -59,7 +59,7 @@ class LoadConfig:
     engines: int = 64
     rate_hz: float = 20.0
     duration_s: float = 60.0
-    procs: int = 2
+    procs: int = 1  # one asyncio process drives 64 connections with ~0.4 core; the rest stays with the server
     steps_per_batch: int = 3
     k_max: int = 4
     retry_share: float = 0.02
@@ -77,7 +77,7 @@ class WorkerResult:
     accepted_acks: dict[str, int] = field(default_factory=dict)  # engine -> acks with outcome "accepted"
     duplicate_acks: int = 0
     deliberate_retries: int = 0
-    errors: Counter = field(default_factory=Counter)
+    errors: dict[str, int] = field(default_factory=dict)  # plain dict: asdict() mangles a Counter
     steps: dict[str, int] = field(default_factory=dict)  # engine -> steps in acknowledged unique batches
     draft_tokens: dict[str, int] = field(default_factory=dict)  # category -> draft tokens (acked unique batches)
     accepted_tokens: dict[str, int] = field(default_factory=dict)
@@ -177,12 +177,12 @@ async def _post(conn: EngineConnection, body: bytes, res: WorkerResult) -> dict 
     try:
         status, data = await conn.post(body)
     except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        res.errors[type(exc).__name__] += 1
+        res.errors[type(exc).__name__] = res.errors.get(type(exc).__name__, 0) + 1
         conn.close()
         return None
     res.latencies_ms.append((time.perf_counter() - t) * 1000)
     if status != 200:
-        res.errors[f"http_{status}"] += 1
+        res.errors[f"http_{status}"] = res.errors.get(f"http_{status}", 0) + 1
         return None
     return json.loads(data)
 
@@ -265,7 +265,7 @@ def _free_port() -> int:
 
 def start_server(db: Path, port: int, ingest_token: str, admin_token: str, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, SPECCTL_DB=str(db), SPECCTL_INGEST_TOKEN=ingest_token, SPECCTL_ADMIN_TOKEN=admin_token,
-               SPECCTL_LOG_LEVEL="warning")
+               SPECCTL_LOG_LEVEL="warning", SPECCTL_ACCESS_LOG="false")  # as advised for many engines
     cmd = [sys.executable, "-m", "controller", "serve",
            "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
@@ -416,6 +416,7 @@ def run(cfg: LoadConfig, url: str | None, out: Path) -> dict:
 
 def _measure(cfg: LoadConfig, url: str, token: str, proc: subprocess.Popen | None, out: Path) -> dict:
     pid = proc.pid if proc is not None else None
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     ctx = mp.get_context("spawn")
     pipes, workers = [], []
     start_wall = time.time() + 3.0  # time for the spawned processes to import
@@ -462,7 +463,10 @@ def _measure(cfg: LoadConfig, url: str, token: str, proc: subprocess.Popen | Non
         # the generator shares the host: its CPU shows whether it, not the server, was the limit
         "generator_cpu_cores": round(merged["cpu_s"] / wall, 3),
         "reconcile": reconcile(scrape(url), merged),
-        "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "server_settings": {"SPECCTL_LOG_LEVEL": "warning", "SPECCTL_ACCESS_LOG": "false"} if pid else None,
+        # other work on the host shares the CPUs: the load average says how quiet the run was
+        "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "loadavg_before": load_before,
+                 "loadavg_after": Path("/proc/loadavg").read_text().split()[:3]},
     }
     rss = report["server"]["rss_mb_peak_hwm"]
     report["targets"] = {
@@ -492,6 +496,8 @@ def print_report(r: dict, out: Path) -> None:
           f"   steps match {rec['steps_match']}   draft tokens match {rec['draft_tokens_match']}"
           f"   accepted tokens match {rec['accepted_tokens_match']}")
     print(f"  errors      {r['errors'] or 'none'}   unacked at end {r['unacked_batches']}")
+    print(f"  host        {r['host']['cpus']} CPUs, load average before {' '.join(r['host']['loadavg_before'])}"
+          f", after {' '.join(r['host']['loadavg_after'])}")
     print(f"  -> {out}")
 
 

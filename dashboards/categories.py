@@ -92,7 +92,7 @@ def _acceptance(layout: Layout) -> None:
     layout.row("Acceptance-length distribution per category")
     layout.add(
         heatmap(
-            "Accepted tokens per draft: $category",
+            "Acceptance-length histogram: $category",
             "How many draft tokens were accepted per verified draft (0 … k), over time, for one category "
             "(the panel repeats per selected category). Mass at 0 means drafts are wasted; mass at k means "
             "the category would accept longer drafts.\n\n"

@@ -336,46 +336,52 @@ class SpecHook:
         sampled = runner_output.sampled_token_ids
         index = runner_output.req_id_to_index
         ns = self.num_sampled
+        n_sampled = len(sampled) if sampled else 0
         draft_tokens = 0
+        # The hottest loop of the patch (every scheduled request, every step): locals, dict lookups, no calls
+        # on the common path.
         for req_id in output.num_scheduled_tokens:
             request = requests.get(req_id)
             if request is None or request.is_finished():
                 continue
-            state = getattr(request, STATE_ATTR, None)
+            attrs = request.__dict__
+            state = attrs.get(STATE_ATTR)
             if state is None:
                 state = self.state_of(request, table)
             spec = sched_spec.get(req_id)
             generated = None
-            if sampled:
+            if n_sampled:
                 i = index.get(req_id)
-                if i is not None and i < len(sampled):
+                if i is not None and i < n_sampled:
                     generated = sampled[i]
-            rule = state.rule
+            adapt = state.rule.adapt
             if spec:
                 draft_tokens += len(spec)
-            if spec and generated:
-                if getattr(request, "num_stale_output_tokens", 0) > 0 and getattr(request, "drop_stale_output", False):
-                    continue  # vLLM discards this output (and does not count it)
-                drafted = len(spec) - (invalid.get(req_id, 0) if invalid else 0)
-                accepted = len(generated) - ns
-                if accepted < 0:
-                    accepted = 0
-                entry = agg.get(state.key_on)
-                if entry is None:
-                    entry = agg[state.key_on] = new_entry()
-                entry[0] += 1
-                if drafted > 0:
-                    add_draft(entry[1], drafted, accepted)
-                if rule.adapt.k_min != rule.adapt.k_max:
-                    next_k(state.adapt, drafted, accepted, rule.adapt)
-            else:
-                key = state.key_on if state.adapt.k > 0 else state.key_off
-                entry = agg.get(key)
-                if entry is None:
-                    entry = agg[key] = new_entry()
-                entry[0] += 1
-                if generated and rule.adapt.k_min != rule.adapt.k_max:
-                    next_k(state.adapt, 0, 0, rule.adapt)
+                if generated:
+                    if attrs.get("num_stale_output_tokens", 0) > 0 and attrs.get("drop_stale_output", False):
+                        continue  # vLLM discards this output (and does not count it)
+                    drafted = len(spec) - invalid.get(req_id, 0) if invalid else len(spec)
+                    accepted = len(generated) - ns
+                    key = state.key_on
+                    entry = agg.get(key)
+                    if entry is None:
+                        entry = agg[key] = new_entry()
+                    entry[0] += 1
+                    if drafted > 0:
+                        bucket = entry[1].get(drafted)
+                        if bucket is None:
+                            bucket = entry[1][drafted] = [0] * (drafted + 1)
+                        bucket[min(max(accepted, 0), drafted)] += 1
+                    if adapt.k_min != adapt.k_max:
+                        next_k(state.adapt, drafted, max(accepted, 0), adapt)
+                    continue
+            key = state.key_on if state.adapt.k > 0 else state.key_off
+            entry = agg.get(key)
+            if entry is None:
+                entry = agg[key] = new_entry()
+            entry[0] += 1
+            if generated and adapt.k_min != adapt.k_max:
+                next_k(state.adapt, 0, 0, adapt)
         step.output = draft_tokens  # the output object is no longer needed; keep the count
         step.hook_ns += self.perf_ns() - t
 

@@ -87,30 +87,38 @@ def learned(snapshot: Path) -> dict[str, CostCoefficients]:
     return out
 
 
-def plot(path: Path, shapes: np.ndarray, wall: np.ndarray, models: dict[str, CostCoefficients]) -> None:
+def plot(path: Path, shapes: np.ndarray, wall: np.ndarray, models: dict[str, CostCoefficients],
+         depths: tuple[int, ...] = (0, 3, 7)) -> None:
+    """Decode steps (no prefill tokens) of a few drafting depths: colour = depth, line style = model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    decode = shapes[:, 1] <= shapes[:, 0] * (1 + shapes[:, 2])  # no prefill tokens in the step
+    decode = shapes[:, 1] <= shapes[:, 0] * (1 + shapes[:, 2])
     fig, ax = plt.subplots(figsize=(8, 5))
-    depths = sorted({int(d) for d in shapes[decode, 2]})
-    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(depths), 1)))
-    for color, depth in zip(colors, depths):
-        sel = decode & (shapes[:, 2] == depth)
-        ax.scatter(shapes[sel, 0], wall[sel] * 1e3, s=4, alpha=0.25, color=color, label=f"measured, depth {depth}")
+    colors = dict(zip(depths, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    styles = dict(zip(models, ("--", ":", "-", "-.")))
+    for depth in depths:
+        sel = decode & (shapes[:, 2] == depth) & (shapes[:, 1] == shapes[:, 0] * (1 + depth))
+        if not sel.any():
+            continue
+        ax.scatter(shapes[sel, 0], wall[sel] * 1e3, s=5, alpha=0.3, color=colors[depth])
         ns = np.unique(shapes[sel, 0])
-        for (name, coef), style in zip(models.items(), ("--", ":", "-")):
-            # decode steps of this depth: every request verifies 1 + depth tokens (upper bound of the batch)
-            t = [coef.step_time(n, n * (1 + depth), depth) * 1e3 for n in ns]
-            ax.plot(ns, t, style, color=color, lw=1, label=f"{name}, depth {depth}" if depth == depths[0] else None)
+        for name, coef in models.items():
+            # every request verifies 1 + depth tokens: the steps selected above
+            ax.plot(ns, [coef.step_time(n, n * (1 + depth), depth) * 1e3 for n in ns], styles[name],
+                    color=colors[depth], lw=1.2)
+    handles = [Line2D([], [], color=colors[d], marker="o", ls="", label=f"measured, {d} drafts per request")
+               for d in depths] + [Line2D([], [], color="k", ls=styles[n], label=n) for n in models]
+    ax.legend(handles=handles, fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_ylim(5, 200)
     ax.set_xlabel("requests in the step")
     ax.set_ylabel("step wall time, ms")
-    ax.set_title("H200, vLLM 0.26, 8B-shaped target + 4-layer draft: decode steps")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("H200, vLLM 0.26, 8B-shaped target + 4-layer draft (k_max 7): uniform decode steps")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -149,10 +149,15 @@ class Controller:
 def child_env(cfg: EngineConfig, controller: Controller | None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the child touched CUDA (is_available) before vLLM starts
     if cfg.specctl:
         assert controller is not None
         env["SPECCTL_CONTROLLER_URL"] = controller.engine_url()
         env.setdefault("SPECCTL_ENGINE_ID", "gpu-bench")
+        # vLLM's synthetic sampler accepts drafts at the profile's rate whatever their content, so the patch's
+        # model-free drafters (n-gram, suffix) would score that rate too and the policy would switch to them:
+        # no counterfactual scoring, the category stays on the engine's draft model (first H200 run: it did not).
+        env["SPECCTL_COUNTERFACTUAL_SHARE"] = "0"
     else:
         env["SPECCTL_CONTROLLER_URL"] = "off"
         env["VLLM_PLUGINS"] = ""  # unpatched vLLM: no general plugin is loaded

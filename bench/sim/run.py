@@ -14,6 +14,7 @@ and PNG plots beside it; the ratio table is printed.
     python bench/sim.py                         # full run, H200 preset, built-in mixed trace
     python bench/sim.py --quick                 # fewer steps and batch sizes (smoke)
     python bench/sim.py --trace my.json --preset mi300x --mismatch 1.3
+    python bench/sim.py --engine-only --out bench/results/sim_engine_only.json
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def batch_table(trace: Trace, exp: np.ndarray, cost: CostCoefficients, ks: list[
     """The table an operator would configure after profiling: best single k at each range's middle."""
     table = []
     for lo, hi in TABLE_RANGES:
-        mid = int(round(math.sqrt(lo * min(hi, 256))))
+        mid = round(math.sqrt(lo * min(hi, 256)))
         table.append((lo, hi, oracle.best_common_k(trace, exp, cost, mid, ks)))
     return table
 
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="h200", choices=sorted(PRESETS), help="cost preset the controller starts from")
     ap.add_argument("--truth", default=None, choices=sorted(PRESETS), help="simulated machine (default: --preset)")
     ap.add_argument("--mismatch", type=float, default=1.0, help="make the machine differ from its preset by this factor")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="drop the model-free drafters: only per-category k of the engine's own drafter differs")
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--per-slot", type=int, default=20, help="requests per run = max(least, per_slot x batch)")
     ap.add_argument("--least", type=int, default=500, help="fewest requests per run (small batches)")
@@ -257,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.batch_sizes, a.per_slot, a.least = "1,16,256", 4, 120
     trace = load(a.trace) if a.trace else parse(builtin_mixed())
+    if a.engine_only:
+        trace = replace(trace, name=trace.name + "-engine-only", model_free_methods=(),
+                        categories=tuple(replace(c, betas={"engine": c.betas["engine"]}) for c in trace.categories))
     truth_name = a.truth or a.preset
     truth = mismatched(PRESETS[truth_name], a.mismatch)
     batches = [int(x) for x in a.batch_sizes.split(",")]

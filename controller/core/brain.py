@@ -15,8 +15,9 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 from controller.core.config import BrainConfig
 from controller.core.cost import PRESETS, is_model_free
@@ -88,6 +89,7 @@ _Key = tuple[str, str, int, tuple[str, ...], str]
 class _Cached:
     computed_at: float
     decision: Decision
+    signature: tuple[int, int]
 
 
 @dataclass
@@ -209,14 +211,27 @@ class Brain:
             book.policy_version_served = policy.version
         return policy
 
+    def _signature(self, model: str) -> tuple[int, int]:
+        """(categories, drafters with enough evidence): when it changes the cached decision is stale at once
+        (a new category, or a drafter that just became usable, should not wait for the interval)."""
+        ms = self._models.get(model)
+        if ms is None:
+            return (0, 0)
+        need = self.config.policy.min_evidence
+        usable = sum(1 for st in ms.categories.values() for e in st.methods.values()
+                     if e.cum.drafts + e.cf_cum.drafts >= need)
+        return (len(ms.categories), usable)
+
     def _decision(self, key: _Key, spec: SpecConfig, now: float) -> Decision:
         cached = self._decisions.get(key)
-        if cached is not None and 0 <= now - cached.computed_at < self.config.policy.interval_s:
+        signature = self._signature(key[0])
+        if cached is not None and 0 <= now - cached.computed_at < self.config.policy.interval_s \
+                and cached.signature == signature:
             return cached.decision
         snap = self._snapshot(key, spec, now, cached.decision if cached else None)
         decision = goodput.decide(snap, self.config.policy)
         self._decisions.pop(key, None)
-        self._decisions[key] = _Cached(now, decision)
+        self._decisions[key] = _Cached(now, decision, signature)
         while len(self._decisions) > MAX_CACHED_POLICIES:
             self._decisions.pop(next(iter(self._decisions)))
         return decision
@@ -259,7 +274,7 @@ class Brain:
         if previous is not None and previous.default.source == "default":
             prev_default = Choice(previous.default.k, previous.default.method)
         return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
-                              methods, prev_default, mix.extra_distribution())
+                              methods, prev_default, mix.extra_distribution(), mix.extra_per_committed)
 
     def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
         active = active_overrides(self._overrides, now)
@@ -407,7 +422,7 @@ class Brain:
     def _decision_view(self, category: str, eff, now: float) -> DecisionView | None:
         if eff is None:
             return None
-        decision, policy, spec, shape = eff
+        decision, policy, _spec, shape = eff
         d = decision.by_name().get(category, decision.default)
         cp = policy.categories.get(category, policy.default)
         ov = active_overrides(self._overrides, now).get(category)
@@ -506,7 +521,7 @@ class Brain:
         }
 
     @classmethod
-    def load(cls, data: dict, config: BrainConfig) -> "Brain":
+    def load(cls, data: dict, config: BrainConfig) -> Brain:
         brain = cls(config)
         if not isinstance(data, dict) or data.get("format") != DUMP_FORMAT or data.get("version") != DUMP_VERSION:
             return brain  # unknown or old layout: start fresh rather than misread it

@@ -97,6 +97,12 @@ class PolicySettings(BaseSettings):
         description="relative goodput; probing is throttled so its estimated cost stays below this share of "
         "the batch goodput",
     )
+    probe_idle_budget: float = Field(
+        default=0.001, ge=0, le=0.25,
+        description="relative goodput; probing budget while even the optimistic bound of the drafter's "
+        "acceptance cannot make it pay (a keep-alive so a category whose text changes is noticed within "
+        "a few half-lives instead of waiting for its old evidence to fade)",
+    )
     adapt_tolerance: float = Field(
         default=0.03, ge=0, le=0.5,
         description="relative goodput; per-request adaptation may move k within the band of k whose batch "
@@ -116,7 +122,7 @@ class PolicySettings(BaseSettings):
     )
 
     @model_validator(mode="after")
-    def _known_preset(self) -> "PolicySettings":
+    def _known_preset(self) -> PolicySettings:
         from controller.core.cost import PRESETS
 
         if self.cost_preset not in PRESETS:

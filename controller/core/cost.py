@@ -74,7 +74,7 @@ class CostCoefficients:
         return np.array([getattr(self, f.name) for f in fields(self) if f.name != "knee"], dtype=float)
 
     @classmethod
-    def from_vector(cls, vec, knee: float) -> "CostCoefficients":
+    def from_vector(cls, vec, knee: float) -> CostCoefficients:
         names = [f.name for f in fields(cls) if f.name != "knee"]
         return cls(**{n: float(v) for n, v in zip(names, vec)}, knee=float(knee))
 
@@ -173,8 +173,17 @@ def step_shape(step: StepRecord, engine_method: str) -> tuple[float, float, floa
 class OnlineCostModel:
     """Ridge-regularised, exponentially forgotten least squares toward a preset (see module docstring)."""
 
-    __slots__ = ("preset", "prior_strength", "xtx", "xty", "weight", "t_last", "_cached", "steps_total",
-                 "seconds_total")
+    __slots__ = (
+        "_cached",
+        "preset",
+        "prior_strength",
+        "seconds_total",
+        "steps_total",
+        "t_last",
+        "weight",
+        "xtx",
+        "xty",
+    )
 
     def __init__(self, preset: CostCoefficients, prior_strength: float = 10.0) -> None:
         self.preset = preset
@@ -251,7 +260,7 @@ class OnlineCostModel:
                 "steps_total": self.steps_total, "seconds_total": self.seconds_total}
 
     @classmethod
-    def from_dict(cls, d: dict, preset: CostCoefficients, prior_strength: float = 10.0) -> "OnlineCostModel":
+    def from_dict(cls, d: dict, preset: CostCoefficients, prior_strength: float = 10.0) -> OnlineCostModel:
         m = cls(preset, prior_strength)
         xtx = np.asarray(d["xtx"], dtype=float)
         xty = np.asarray(d["xty"], dtype=float)

@@ -97,7 +97,7 @@ class EngineBook:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EngineBook":
+    def from_dict(cls, d: dict) -> EngineBook:
         b = cls(str(d["engine_id"]))
         b.model = str(d.get("model", ""))
         b.boot_id = str(d.get("boot_id", ""))

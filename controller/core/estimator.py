@@ -112,7 +112,7 @@ class Cumulative:
                 "per_pos": list(self.per_pos), "lengths": list(self.lengths)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Cumulative":
+    def from_dict(cls, d: dict) -> Cumulative:
         per_pos = [int(x) for x in d.get("per_pos", [])][:MAX_K]
         lengths = [int(x) for x in d.get("lengths", [])][:_N]
         return cls(int(d["drafts"]), int(d["draft_tokens"]), int(d["accepted_tokens"]),
@@ -122,7 +122,7 @@ class Cumulative:
 class AcceptanceEstimator:
     """Decayed per-position evidence for one (model, category, method)."""
 
-    __slots__ = ("reached", "accepted", "lengths", "t_last", "max_k", "real_drafts", "cf_drafts", "cum", "cf_cum")
+    __slots__ = ("accepted", "cf_cum", "cf_drafts", "cum", "lengths", "max_k", "reached", "real_drafts", "t_last")
 
     def __init__(self) -> None:
         self.reached = np.zeros(MAX_K)
@@ -164,7 +164,7 @@ class AcceptanceEstimator:
         if n > 0:
             self.max_k = max(self.max_k, k)
 
-    def merge_from(self, other: "AcceptanceEstimator") -> None:
+    def merge_from(self, other: AcceptanceEstimator) -> None:
         """Pool another estimator's decayed evidence (both decayed to the same time first)."""
         self.reached += other.reached
         self.accepted += other.accepted
@@ -218,7 +218,7 @@ class AcceptanceEstimator:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "AcceptanceEstimator":
+    def from_dict(cls, d: dict) -> AcceptanceEstimator:
         est = cls()
         for name, size in (("reached", MAX_K), ("accepted", MAX_K), ("lengths", _N)):
             vals = np.asarray([float(x) for x in d[name]][:size], dtype=float)

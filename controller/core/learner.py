@@ -29,7 +29,7 @@ class CategoryState:
                 "committed_tokens": self.committed_tokens, "spec_off_request_steps": self.spec_off_request_steps}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CategoryState":
+    def from_dict(cls, d: dict) -> CategoryState:
         return cls({str(m): AcceptanceEstimator.from_dict(e) for m, e in d.get("methods", {}).items()},
                    max(0, int(d.get("request_steps", 0))), max(0, int(d.get("committed_tokens", 0))),
                    max(0, int(d.get("spec_off_request_steps", 0))))
@@ -151,7 +151,8 @@ class ModelState:
         self.dropped_methods += d.dropped_methods
         for mix in (self.mix, engine_mix):
             mix.decay_to(now, s.mix_half_life_s)
-            mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values)
+            mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values,
+                    sum(d.committed.values()))
         self.cost.decay_to(now, s.cost_half_life_s)
         self.cost.add_many(d.shapes)
 
@@ -178,7 +179,7 @@ class ModelState:
                 "mix": self.mix.to_dict(), "cost": self.cost.to_dict()}
 
     @classmethod
-    def from_dict(cls, name: str, d: dict, preset: CostCoefficients, s: LearnerSettings) -> "ModelState":
+    def from_dict(cls, name: str, d: dict, preset: CostCoefficients, s: LearnerSettings) -> ModelState:
         m = cls(name, preset, s)
         for c, cd in d.get("categories", {}).items():
             try:

@@ -12,7 +12,6 @@ import numpy as np
 
 from controller.core.estimator import decay_factor
 
-
 #: Prefill tokens per step are kept as a decayed histogram (bins of this many tokens, last bin open), so
 #: the policy can take the expectation of the cost's knee over how prefill really arrives (in bursts).
 EXTRA_BIN = 64
@@ -21,7 +20,16 @@ DIST_POINTS = 8
 
 
 class Mix:
-    __slots__ = ("steps", "requests", "extra_tokens", "per_category", "t_last", "extra_w", "extra_sum")
+    __slots__ = (
+        "committed",
+        "extra_sum",
+        "extra_tokens",
+        "extra_w",
+        "per_category",
+        "requests",
+        "steps",
+        "t_last",
+    )
 
     def __init__(self) -> None:
         self.steps = 0.0  # decayed busy steps
@@ -31,6 +39,7 @@ class Mix:
         self.t_last: float | None = None
         self.extra_w = np.zeros(EXTRA_BINS)  # decayed steps per bin of prefill tokens
         self.extra_sum = np.zeros(EXTRA_BINS)  # decayed sum of prefill tokens per bin (exact bin means)
+        self.committed = 0.0  # decayed committed tokens (to relate prefill to goodput)
 
     def decay_to(self, now: float, half_life_s: float) -> None:
         if self.t_last is not None:
@@ -41,14 +50,16 @@ class Mix:
                 self.extra_tokens *= f
                 self.extra_w *= f
                 self.extra_sum *= f
+                self.committed *= f
                 for c in self.per_category:
                     self.per_category[c] *= f
         if self.t_last is None or now > self.t_last:
             self.t_last = now
 
     def add(self, steps: int, requests: int, extra_tokens: int, per_category: dict[str, int],
-            extra_values: list[int] | None = None) -> None:
+            extra_values: list[int] | None = None, committed: int = 0) -> None:
         """Add busy steps; ``extra_values`` = prefill tokens of each step (for the distribution)."""
+        self.committed += committed
         self.steps += steps
         self.requests += requests
         self.extra_tokens += extra_tokens
@@ -85,6 +96,11 @@ class Mix:
         return self.requests / self.steps if self.steps > 1e-9 else None
 
     @property
+    def extra_per_committed(self) -> float:
+        """Prefill tokens per committed token (0 until both were seen)."""
+        return self.extra_tokens / self.committed if self.committed > 1e-9 else 0.0
+
+    @property
     def extra_per_step(self) -> float:
         return self.extra_tokens / self.steps if self.steps > 1e-9 else 0.0
 
@@ -96,16 +112,17 @@ class Mix:
     def to_dict(self) -> dict:
         return {"steps": self.steps, "requests": self.requests, "extra_tokens": self.extra_tokens,
                 "per_category": dict(self.per_category), "t_last": self.t_last,
-                "extra_w": self.extra_w.tolist(), "extra_sum": self.extra_sum.tolist()}
+                "extra_w": self.extra_w.tolist(), "extra_sum": self.extra_sum.tolist(), "committed": self.committed}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Mix":
+    def from_dict(cls, d: dict) -> Mix:
         m = cls()
         m.steps = max(0.0, float(d["steps"]))
         m.requests = max(0.0, float(d["requests"]))
         m.extra_tokens = max(0.0, float(d["extra_tokens"]))
         m.per_category = {str(k): max(0.0, float(v)) for k, v in d.get("per_category", {}).items()}
         m.t_last = None if d.get("t_last") is None else float(d["t_last"])
+        m.committed = max(0.0, float(d.get("committed", 0.0)))
         w = np.asarray(d.get("extra_w", []), dtype=float)
         v = np.asarray(d.get("extra_sum", []), dtype=float)
         if w.shape == (EXTRA_BINS,) and v.shape == (EXTRA_BINS,) and np.all(np.isfinite(w)) and np.all(w >= 0) \

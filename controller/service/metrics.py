@@ -85,7 +85,7 @@ def _category_families(snapshot: Any) -> list[Metric]:
     method = _gauge("specctl_current_method_info", "Draft method sent for the category and what decided it",
                     CAT + ["method", "source"])
     entropy_class = _gauge("specctl_entropy_class_info", "Entropy class of the category", CAT + ["entropy_class"])
-    bits = _gauge("specctl_entropy_bits", "Entropy of the acceptance-length distribution, bits", CAT)
+    bits = _gauge("specctl_acceptance_entropy", "Shannon entropy of the acceptance-length distribution (unit: bits; the name avoids promtool's bits-vs-bytes lint)", CAT)
     mean_len = _gauge("specctl_mean_acceptance_length", "Mean accepted draft tokens per draft (posterior)", CAT)
     beta = _gauge("specctl_conditional_acceptance", "Posterior P(accept position | all before accepted)",
                   CAT + ["position"])

@@ -3,8 +3,10 @@
 Everything is real: SmolLM2-135M-Instruct converted by ``scripts/prepare_model.py`` (float32), vLLM's OpenAI
 server on CPU with n-gram drafting (k = 4) and the patch (``--scheduler-cls``, ``--middleware``), and
 ``specctl serve`` with a SQLite file. The controller runs with a 3 s policy TTL and a 0.5 s decision interval
-(:data:`tests.support.stack.FAST_POLICY_ENV`) so expiry and override tests take seconds. Tests that change
-controller state (overrides, restarts) restore it before they return.
+(:data:`tests.support.stack.FAST_POLICY_ENV`) so expiry and override tests take seconds, and it decides per
+category from 30 drafts of evidence on (default 200), so that the short e2e workloads already run under a
+learned per-category policy, not only the engine's static config. Tests that change controller state
+(overrides, restarts) restore it before they return.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def e2e_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def controller(e2e_dir: Path) -> Iterator[SpecctlServe]:
-    with stack.controller_process(e2e_dir / "controller") as server:
+    with stack.controller_process(e2e_dir / "controller", env={"SPECCTL_POLICY_MIN_EVIDENCE": "30"}) as server:
         yield server
 
 

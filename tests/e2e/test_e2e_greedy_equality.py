@@ -51,8 +51,11 @@ def test_greedy_outputs_are_token_identical(engine, controller, model_dir, e2e_d
     runs: dict[str, dict[str, Result]] = {}
     before = controller_api.read_method_counters(controller.url)
     runs["patched, controller policy"] = greedy(engine.url)
-    policy = controller_api.categories(controller.url)
-    print("\npolicy in force:", {c["category"]: (c.get("decision") or {}).get("k") for c in policy})
+    print("\npolicy in force (category: k, method, adapt bounds, source):")
+    for view in controller_api.categories(controller.url):
+        d = view.get("decision") or {}
+        print(f"   {view['category']:12s} k={d.get('k')} {d.get('method')} [{d.get('adapt_k_min')}, "
+              f"{d.get('adapt_k_max')}] {d.get('source')}: {d.get('reason', '')[:80]}")
 
     try:
         for name, change in OVERRIDES.items():

@@ -101,16 +101,19 @@ class Sampler(threading.Thread):
         with self._lock:
             return self.samples[-1]
 
-    def max_progress_gap(self, t0: float, t1: float) -> float:
-        """Longest time between generated-token increments in [t0, t1] (engine stalls show up here)."""
+    def progress_gaps(self, t0: float, t1: float) -> list[float]:
+        """Times between generated-token increments in [t0, t1] (engine stalls show up here)."""
         s = [x for x in self.snapshot() if t0 <= x.t <= t1]
-        last_change, gap = None, 0.0
+        last_change, gaps = None, []
         for a, b in itertools.pairwise(s):
             if b.gen_tokens > a.gen_tokens:
                 if last_change is not None:
-                    gap = max(gap, b.t - last_change)
+                    gaps.append(b.t - last_change)
                 last_change = b.t
-        return gap
+        return gaps
+
+    def max_progress_gap(self, t0: float, t1: float) -> float:
+        return max(self.progress_gaps(t0, t1), default=0.0)
 
 
 def wait_for_window(sampler: Sampler, since: float, predicate, timeout_s: float) -> Window | None:
@@ -161,37 +164,52 @@ class TimedResult:
     finished_at: float
 
 
-class ContinuousLoad(threading.Thread):
-    """Sends the workload in rounds (``concurrency`` in flight) until stopped; pausable between rounds."""
+class ContinuousLoad:
+    """``concurrency`` clients, each sending the workload's prompts one after another until stopped.
+
+    No round barrier: the engine always has ``concurrency`` requests in flight (steady drafting, so the
+    counters show what the engine applies at any moment). Pausable: :meth:`pause` returns once no request
+    is in flight.
+    """
 
     def __init__(self, url: str, prompts: list[Prompt], concurrency: int = 4):
-        super().__init__(name="workload", daemon=True)
         self.url, self.prompts, self.concurrency = url, prompts, concurrency
         self.results: list[TimedResult] = []
-        self.rounds = 0
         self._halt = threading.Event()
         self._running = threading.Event()
-        self._idle = threading.Event()
         self._running.set()
+        self._busy = [False] * concurrency
+        self._threads = [threading.Thread(target=self._client, args=(i,), name=f"workload-{i}", daemon=True)
+                         for i in range(concurrency)]
 
-    def run(self) -> None:
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def _client(self, index: int) -> None:
+        n = index * len(self.prompts) // self.concurrency  # clients start at different prompts
         while not self._halt.is_set():
-            if not self._running.is_set():
-                self._idle.set()
-                self._running.wait(0.2)
+            if not self._running.wait(0.2):
                 continue
-            self._idle.clear()
-            for r in run_workload(self.url, self.prompts, concurrency=self.concurrency, timeout_s=300):
-                self.results.append(TimedResult(r, time.monotonic()))
-            self.rounds += 1
-        self._idle.set()
+            self._busy[index] = True
+            try:
+                if self._halt.is_set() or not self._running.is_set():
+                    continue
+                [result] = run_workload(self.url, [self.prompts[n % len(self.prompts)]], concurrency=1,
+                                        timeout_s=300)
+                self.results.append(TimedResult(result, time.monotonic()))
+                n += 1
+            finally:
+                self._busy[index] = False
 
     def pause(self, timeout_s: float = 300) -> None:
-        """Return once the current round finished and no request is in flight."""
-        self._idle.clear()
+        """Return once every client finished its request in flight."""
         self._running.clear()
-        if not self._idle.wait(timeout_s):
-            raise TimeoutError("workload round did not finish")
+        deadline = time.monotonic() + timeout_s
+        while any(self._busy):
+            if time.monotonic() > deadline:
+                raise TimeoutError("workload requests did not finish")
+            time.sleep(0.05)
 
     def resume(self) -> None:
         self._running.set()
@@ -199,7 +217,8 @@ class ContinuousLoad(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self._running.set()
-        self.join(300)
+        for t in self._threads:
+            t.join(300)
 
     def since(self, t: float) -> list[Result]:
         return [x.result for x in list(self.results) if x.finished_at >= t]

@@ -149,10 +149,10 @@ class SimEngine:
             r = self.requests[rid]
             r.append_output_token_ids(tokens)
             r.num_computed_tokens = r.num_tokens - 1
-            if r.num_output_tokens >= r.max_tokens:
+            if r.num_output_tokens >= r.max_tokens and isinstance(r, FakeRequest):
                 r.finished = True
         hook.finish(output)
-        self.running = [r for r in self.running if not r.finished]
+        self.running = [r for r in self.running if not r.is_finished()]
         if self.drafter is not None:
             for r in self.running:
                 r.spec_token_ids = self.drafter(r, output.num_spec_tokens_to_schedule)

@@ -13,7 +13,7 @@ from controller.core.policy.types import CategoryDecision, Decision, PolicySnaps
 from controller.protocol import METHOD_OFF
 
 
-def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:  # noqa: ARG001 - same signature as all policies
+def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     k = snap.k_max if snap.engine_method != METHOD_OFF else 0
     method = snap.engine_method if k else METHOD_OFF
     n = max(snap.batch_size, 1.0)

@@ -14,8 +14,10 @@ tokens. All categories share one engine step, so the objective is the batch good
         large batches: the deepest category's k)
 
 with n_c the category's mean requests per step on the asking engine, ``extra`` its prefill tokens per step
-(the expectation runs over their observed distribution, since the cost bends at the knee) and T the
-learned step-cost model (controller/core/cost.py). Plain decoding is every k_c = 0.
+and T the learned step-cost model (controller/core/cost.py). Finished requests are replaced, so prefill
+grows with goodput: extra = rho * sum_c n_c E_c(k_c) with rho the observed prefill tokens per committed
+token, and the expectation runs over the observed step-to-step spread of prefill (the cost bends at the
+knee). Plain decoding is every k_c = 0.
 
 Search. Each category's options are off and every k in 1..k_max for every drafter the engine can run
 with enough evidence. Batched coordinate ascent: every category's best option given the others is found
@@ -34,7 +36,9 @@ Guardrails, applied on top:
     ``hysteresis`` times the category's own goodput (so small categories move too, noise does not);
   * probing: a category at k = 0 has ``probe_rate`` of its requests run at ``probe_k`` with a drafter
     that has no counterfactual signal (model-free drafters are scored counterfactually on every request
-    and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput;
+    and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput while
+    the drafter could pay at the upper confidence bound of its acceptance, and below ``probe_idle_budget``
+    (a keep-alive) while even that bound says it cannot;
   * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
     batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput).
 
@@ -116,7 +120,7 @@ class _Problem:
     """Padded option arrays for U categories x O options; a configuration is one option index per row."""
 
     def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
-                 extra: list[tuple[float, float]], cost: CostCoefficients, k_max: int) -> None:
+                 extra: _Prefill, cost: CostCoefficients, k_max: int) -> None:
         self.names = names
         self.options = options
         u, o = len(options), max(len(x) for x in options)
@@ -137,11 +141,7 @@ class _Problem:
         self.n = float(self.share.sum())
         self.p = self.share / self.n
         self.movable = np.array(movable, dtype=bool)
-        vals = np.array([v for v, _ in extra], dtype=float)
-        w = np.array([w for _, w in extra], dtype=float)
-        self.extra_mean = float(np.dot(vals, w) / w.sum())
-        self.extra_dev = vals - self.extra_mean  # deviations of the prefill tokens per step around the mean
-        self.extra_w = w / w.sum()
+        self.prefill = extra
         c, n = cost, self.n
         self.cost = cost
         self.consts = (c.base + c.per_request * n, c.per_token, c.per_token_above_knee, c.knee,
@@ -150,27 +150,33 @@ class _Problem:
         self.rows = np.arange(u)
 
     # -- evaluation -------------------------------------------------------------------------------------------
-    def time(self, tok, free, le):
-        """Expected step time; ``le`` (..., K+1) = share of requests at model depth <= d."""
+    def time(self, tok, num, free, le):
+        """Expected step time for ``tok`` decode + draft tokens committing ``num`` tokens per step.
+
+        Prefill rides along: fixed + rate * num tokens per step (finished requests are replaced, so prefill
+        grows with goodput), spread over steps as observed; ``le`` (..., K+1) = share of requests at model
+        depth <= d.
+        """
         fixed, per_token, above_rate, knee, on_cost, pass_cost, free_cost = self.consts
-        t = fixed + per_token * tok + free_cost * free
+        pre = self.prefill.fixed + self.prefill.rate * np.asarray(num)
+        t = fixed + per_token * (tok + pre) + free_cost * free
         if above_rate:
-            over = np.maximum(np.asarray(tok)[..., None] + self.extra_dev - knee, 0.0)
-            t = t + above_rate * (over @ self.extra_w)
+            over = np.maximum(np.asarray(tok)[..., None] + pre[..., None] * self.prefill.rel - knee, 0.0)
+            t = t + above_rate * (over @ self.prefill.w)
         below = np.maximum(le, 0.0) ** self.n
         return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
 
     def totals(self, cfg: np.ndarray):
         r = self.rows
         num = float(self.share @ self.e[r, cfg])
-        tok = self.extra_mean + float(self.share @ (1.0 + self.k[r, cfg]))
+        tok = float(self.share @ (1.0 + self.k[r, cfg]))
         free = float(self.share @ self.free_k[r, cfg])
         le = self.p @ self.at_or_below[r, cfg]
         return num, tok, free, le
 
     def goodput(self, cfg: np.ndarray) -> tuple[float, float]:
         num, tok, free, le = self.totals(cfg)
-        t = float(self.time(tok, free, le))
+        t = float(self.time(tok, num, free, le))
         return num / t, t
 
     def all_options(self, cfg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,7 +189,7 @@ class _Problem:
         free_o = free + s * (self.free_k - self.free_k[r, cfg][:, None])
         pp = self.p[:, None, None]
         le_o = le[None, None, :] + pp * (self.at_or_below - self.at_or_below[r, cfg][:, None, :])
-        t = self.time(tok_o, free_o, le_o)
+        t = self.time(tok_o, num_o, free_o, le_o)
         g = np.where(self.valid, num_o / t, -np.inf)
         return g, t
 
@@ -281,17 +287,19 @@ _PROBE_GRID = np.concatenate([[1.0], np.geomspace(1.0, 1e-4, 64)[1:]])
 
 
 def _probe_rates(pb: _Problem, cfg: np.ndarray, units: np.ndarray, e: np.ndarray, model: np.ndarray, pk: int,
-                 cfg_: PolicySettings) -> np.ndarray:
-    """Largest rate <= probe_rate per unit whose modelled cost stays within probe_budget (one evaluation)."""
+                 cfg_: PolicySettings, budget: np.ndarray | float | None = None) -> np.ndarray:
+    """Largest rate <= probe_rate per unit whose modelled cost stays within its budget (one evaluation)."""
+    budget = cfg_.probe_budget if budget is None else budget
     num, tok, free, le = pb.totals(cfg)
-    g0 = num / float(pb.time(tok, free, le))
+    g0 = num / float(pb.time(tok, num, free, le))
     rate = cfg_.probe_rate * _PROBE_GRID[None, :]  # (1, G)
     n_p = pb.share[units][:, None] * rate  # (U, G) probing requests per step
     below_pk = (pb.levels < pk).astype(float)
     le_r = le[None, None, :] - (np.where(model[:, None], n_p / pb.n, 0.0))[:, :, None] * below_pk
-    t = pb.time(tok + n_p * pk, free + np.where(model[:, None], 0.0, n_p * pk), le_r)
-    loss = 1.0 - ((num + n_p * (e[:, None] - 1.0)) / t) / g0
-    ok = loss <= cfg_.probe_budget
+    num_r = num + n_p * (e[:, None] - 1.0)
+    t = pb.time(tok + n_p * pk, num_r, free + np.where(model[:, None], 0.0, n_p * pk), le_r)
+    loss = 1.0 - (num_r / t) / g0
+    ok = loss <= np.reshape(budget, (-1, 1))
     first = np.argmax(ok, axis=1)  # the grid falls, so the first acceptable rate is the largest
     return np.where(ok.any(axis=1), np.round(rate[0, first], 6), 0.0)
 
@@ -312,9 +320,26 @@ def _static_choice(snap: PolicySnapshot) -> Choice:
     return Choice(snap.k_max, snap.engine_method)
 
 
-def _extra(snap: PolicySnapshot) -> list[tuple[float, float]]:
+@dataclass(frozen=True)
+class _Prefill:
+    """Prefill tokens per step = fixed + rate * committed tokens per step, spread by ``rel`` (mean 1)."""
+
+    fixed: float
+    rate: float
+    rel: np.ndarray
+    w: np.ndarray
+
+
+def _extra(snap: PolicySnapshot) -> _Prefill:
     dist = [(float(v), float(w)) for v, w in snap.extra_tokens_dist if w > 0]
-    return dist or [(float(snap.extra_tokens), 1.0)]
+    vals = np.array([v for v, _ in dist] or [1.0])
+    w = np.array([w for _, w in dist] or [1.0])
+    w = w / w.sum()
+    mean = float(vals @ w)
+    rel = vals / mean if mean > 0 else np.ones_like(vals)
+    if snap.extra_per_committed > 0:
+        return _Prefill(0.0, float(snap.extra_per_committed), rel, w)
+    return _Prefill(float(snap.extra_tokens), 0.0, rel, w)
 
 
 def _index(options: _Options, choice: Choice | None) -> int:
@@ -368,8 +393,7 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
     opts = [_options(known[i], k) for i in idx]
     pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k)
     # every row alone: a batch of n requests all of that category
-    tok = pb.extra_mean + n * (1.0 + pb.k)
-    t = pb.time(tok, n * pb.free_k, pb.at_or_below)
+    t = pb.time(n * (1.0 + pb.k), n * pb.e, n * pb.free_k, pb.at_or_below)
     g = np.where(pb.valid, n * pb.e / t, -np.inf)
     best = np.argmax(g, axis=1)
     for row, i in enumerate(idx):
@@ -384,7 +408,8 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     engine = _engine_drafter(snap)
     pooled_engine = _profile_for(snap.pooled, engine) if engine else None
     explore_ok = pooled_engine is not None and pooled_engine.eligible_evidence >= cfg.min_evidence
-    t_plain0 = snap.cost.step_time(max(snap.batch_size, 1.0), snap.extra_tokens + max(snap.batch_size, 1.0))
+    b0 = max(snap.batch_size, 1.0)
+    t_plain0 = snap.cost.step_time(b0, b0 + (snap.extra_per_committed * b0 or snap.extra_tokens))
     exploring: set[int] = set()
     for c in snap.categories:
         usable = [p for p in c.profiles if _usable(p, snap, cfg)] if snap.k_max > 0 else []
@@ -424,7 +449,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
 
     g_all, t_all = pb.all_options(cfg_best)
     g, t = pb.goodput(cfg_best)
-    t_plain = float(pb.time(pb.extra_mean + pb.n, 0.0, np.ones(len(pb.levels))))
+    t_plain = float(pb.time(pb.n, pb.n, 0.0, np.ones(len(pb.levels))))
     g_plain = pb.n / t_plain
     bands = _bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
     probes = _probes(pb, cfg_best, inputs, snap, cfg)
@@ -471,12 +496,39 @@ def _probe_method(profiles: tuple[MethodProfile, ...], snap: PolicySnapshot, cfg
     return None
 
 
+#: z of the optimistic bound that decides whether a probe can change anything (about 97.5 % one-sided).
+_PROBE_Z = 2.0
+
+
+def _optimistic_e(profile: MethodProfile | None, k_max: int) -> np.ndarray:
+    """E(0..k_max) with every beta raised to an upper confidence bound (all 1 without a profile)."""
+    if profile is None:
+        return np.arange(k_max + 1, dtype=float) + 1.0
+    b = np.asarray((tuple(profile.betas) + (profile.betas[-1],) * k_max)[:k_max], dtype=float)
+    up = np.minimum(1.0, b + _PROBE_Z * np.sqrt(b * (1 - b) / (profile.evidence + 1.0)))
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(up))])
+
+
+def _worth_probing(pb: _Problem, cfg_best: np.ndarray, u: int, e_plus: np.ndarray, model: bool) -> bool:
+    """Could the drafter pay for this category at some k even at the optimistic bound of its acceptance?
+    If not, a probe cannot change the decision and costs goodput for nothing."""
+    num, tok, free, le = pb.totals(cfg_best)
+    g0 = num / float(pb.time(tok, num, free, le))
+    ks = np.arange(1, len(e_plus), dtype=float)
+    s = pb.share[u]
+    num_k = num + s * (e_plus[1:] - 1.0)
+    below = (pb.levels[None, :] < ks[:, None]).astype(float)
+    le_k = le[None, :] - (pb.p[u] * below if model else 0.0)
+    t = pb.time(tok + s * ks, num_k, free + (0.0 if model else s * ks), le_k)
+    return bool((num_k / t).max() > g0 * (1 + 1e-9))
+
+
 def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], snap: PolicySnapshot,
             cfg: PolicySettings) -> dict[int, tuple[float, int, str]]:
     if cfg.probe_rate <= 0 or snap.k_max <= 0:
         return {}
     pk = min(cfg.probe_k, snap.k_max)
-    units, es, models, methods = [], [], [], []
+    units, es, models, methods, budgets = [], [], [], [], []
     for u, c in enumerate(inputs):
         if pb.k[u, cfg_best[u]] != 0:
             continue
@@ -484,13 +536,16 @@ def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], sna
         if m is None:
             continue
         prof = _profile_for(c.profiles, m)
+        model = not is_model_free(m)
+        worth = _worth_probing(pb, cfg_best, u, _optimistic_e(prof, snap.k_max), model)
+        budgets.append(cfg.probe_budget if worth else cfg.probe_idle_budget)
         units.append(u)
         es.append(expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1])
-        models.append(not is_model_free(m))
+        models.append(model)
         methods.append(m)
     if not units:
         return {}
-    rates = _probe_rates(pb, cfg_best, np.array(units), np.array(es), np.array(models), pk, cfg)
+    rates = _probe_rates(pb, cfg_best, np.array(units), np.array(es), np.array(models), pk, cfg, np.array(budgets))
     return {u: (float(r), pk, m) for u, r, m in zip(units, rates, methods) if r > 0}
 
 
@@ -524,7 +579,7 @@ def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason
         prof = _profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
-                       list(pb.movable) + [False], list(zip(pb.extra_dev + pb.extra_mean, pb.extra_w)), snap.cost,
+                       list(pb.movable) + [False], pb.prefill, snap.cost,
                        snap.k_max)
         r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
                          np.array([not is_model_free(m)]), pk, cfg)

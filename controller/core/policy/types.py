@@ -30,7 +30,7 @@ class Choice:
     method: str  # drafter name, or 'off' when k == 0
 
     @staticmethod
-    def off() -> "Choice":
+    def off() -> Choice:
         return Choice(0, METHOD_OFF)
 
 
@@ -55,6 +55,9 @@ class PolicySnapshot:
     previous_default: Choice | None = None
     #: observed prefill tokens per step as (value, weight) points; empty: ``extra_tokens`` every step
     extra_tokens_dist: tuple[tuple[float, float], ...] = ()
+    #: observed prefill tokens per committed token (> 0: prefill scales with goodput, as in a saturated
+    #: engine where every finished request is replaced; 0: ``extra_tokens`` per step whatever the policy)
+    extra_per_committed: float = 0.0
 
 
 @dataclass(frozen=True)

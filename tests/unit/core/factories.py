@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from controller.core.brain import Brain
-from controller.core.cost import H200
 from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from controller.core.cost import H200
 from controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 
 SPEC = SpecConfig(method="eagle3", k_max=4, model_free_methods=[])
@@ -18,7 +18,7 @@ def length_counts(betas: list[float], k: int, n: int) -> list[int]:
         probs.append(reach * (1 - betas[i]))
         reach *= betas[i]
     probs.append(reach)
-    counts = [int(round(p * n)) for p in probs]
+    counts = [round(p * n) for p in probs]
     counts[0] += n - sum(counts)  # rounding remainder to the zero bucket keeps sum == n
     return counts
 

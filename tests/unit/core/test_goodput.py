@@ -117,9 +117,26 @@ def test_hysteresis(hysteresis, previous, expect_kept):
 
 
 def test_probing_at_k0_is_bounded():
-    d = one(0.8, 256)
+    d = goodput.decide(snap([("c", 32.0, (prof(beta=0.6, evidence=250.0),))], 32), CFG).by_name()["c"]
     assert d.k == 0 and d.source == "probe"
     assert 0 < d.probe_rate <= CFG.probe_rate and d.probe_k == CFG.probe_k and d.probe_method == "eagle3"
+
+
+@pytest.mark.parametrize("evidence, budget", [(250.0, "probe_budget"), (1e6, "probe_idle_budget")])
+def test_probing_spends_its_budget_only_while_it_can_change_the_decision(evidence, budget):
+    """Uncertain acceptance near the break-even point: probe at the full budget. Certain acceptance far
+    from it: only the keep-alive budget."""
+    cats = [("c", 32.0, (prof(beta=0.6, evidence=evidence),))]
+    wide = PolicySettings(cost_preset="h200", probe_budget=0.05, probe_idle_budget=0.0005, probe_rate=0.25)
+    d = goodput.decide(snap(cats, 32), wide).by_name()["c"]
+    assert d.k == 0 and d.probe_rate > 0
+    only_idle = PolicySettings(cost_preset="h200", probe_budget=0.0005, probe_idle_budget=0.0005,
+                               probe_rate=0.25)
+    idle = goodput.decide(snap(cats, 32), only_idle).by_name()["c"]
+    if budget == "probe_budget":
+        assert d.probe_rate > idle.probe_rate
+    else:
+        assert d.probe_rate == idle.probe_rate
 
 
 @pytest.mark.parametrize("budget", [0.0001, 0.001, 0.01])
@@ -193,3 +210,22 @@ def test_decide_is_deterministic_and_pure():
 def test_baseline_is_the_engine_static_config():
     d = baseline.decide(snap([("a", 1.0, (prof(beta=0.1),))], 1), CFG)
     assert (d.by_name()["a"].k, d.by_name()["a"].method) == (4, "eagle3")
+
+
+@pytest.mark.parametrize("batch, rho", [(64, 1.0), (96, 1.0), (64, 2.0)])
+def test_prefill_that_grows_with_goodput_discourages_speculation(batch, rho):
+    """With every finished request replaced, faster decoding brings more prefill into each step: pricing
+    prefill as a fixed amount per step (what the current k shows) overrates speculation."""
+    cats = (CategoryInput("c", float(batch), (prof(beta=0.8),)),)
+    fixed = PolicySnapshot(cats, (), float(batch), rho * batch, H200, 4, "eagle3", ("eagle3",))
+    scaling = PolicySnapshot(cats, (), float(batch), rho * batch, H200, 4, "eagle3", ("eagle3",),
+                             extra_per_committed=rho)
+    assert goodput.decide(scaling, CFG).by_name()["c"].k < goodput.decide(fixed, CFG).by_name()["c"].k
+
+
+def test_bursty_prefill_costs_more_above_the_knee():
+    cats = (CategoryInput("c", 128.0, (prof(beta=0.8),)),)
+    smooth = PolicySnapshot(cats, (), 128.0, 300.0, H200, 4, "eagle3", ("eagle3",), extra_tokens_dist=((300.0, 1.0),))
+    bursty = PolicySnapshot(cats, (), 128.0, 300.0, H200, 4, "eagle3", ("eagle3",),
+                            extra_tokens_dist=((0.0, 0.5), (600.0, 0.5)))
+    assert goodput.decide(bursty, CFG).plain_step_ms > goodput.decide(smooth, CFG).plain_step_ms

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from controller.core.brain import Brain
 from controller.protocol import CategoryStep, DraftHistogram, StepRecord
-from tests.unit.core.factories import SPEC, batch, config
+from tests.unit.core.factories import batch, config
 
 
 @st.composite

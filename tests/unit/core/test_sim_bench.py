@@ -96,7 +96,7 @@ def test_specctl_in_the_loop_emits_valid_telemetry_and_learns():
 def test_oracle_ranks_off_first_when_drafts_never_match():
     t = parse(sure_trace(0.0))
     exp = oracle.category_expectations(t, samples=200)
-    (g, choice), = oracle.best_static(t, exp, H200, 8, top=1)
+    ((_g, choice),) = oracle.best_static(t, exp, H200, 8, top=1)
     assert choice == [(0, 0)]
 
 

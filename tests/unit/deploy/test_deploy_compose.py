@@ -126,9 +126,11 @@ def test_promtool_check_config(tmp_path):
 
 
 def test_no_secrets_committed():
-    for path in COMPOSE.rglob("*"):
-        if path.is_file() and path.name == ".env":
-            pytest.fail(f"{path} must not be committed")
+    """Only the example is tracked; its secrets are blank for the user to fill in."""
+    if shutil.which("git") and (REPO / ".git").exists():
+        tracked = subprocess.run(["git", "ls-files", "--", str(COMPOSE)], cwd=REPO, check=False,
+                                 capture_output=True, text=True, timeout=30).stdout.split()
+        assert not [t for t in tracked if t.endswith("/.env")], tracked
     example = (COMPOSE / ".env.example").read_text()
     for key in ENV:
         assert f"\n{key}=\n" in example

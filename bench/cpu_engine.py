@@ -1,0 +1,391 @@
+"""Real-engine CPU benchmark: specctl against static, table, EMA-tier and hindsight-oracle speculation.
+
+vLLM 0.32 (CPU build) serving SmolLM2-135M-Instruct (float32, greedy, eager, prefix caching off), n-gram
+drafting, the mixed workload of :mod:`bench.cpu.workload` (prose, JSON with and without response_format,
+code, code edits, tool calls, summaries, multi-turn) through the OpenAI chat endpoint, closed loop at
+concurrency 8 and 1. Side by side in one run, each on its own freshly started engine:
+
+  no_spec        plain vLLM, no speculation (the reference for goodput and for greedy equality)
+  k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config)
+  batch_table    plain vLLM, ``num_speculative_tokens_per_batch_size`` = best static k at batch 1 for
+                 batch 1 and best static k at concurrency 8 above (tuned in hindsight from the k=N runs)
+  ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/ema_tiers.py) driving
+                 per-category overrides (bench/cpu/ema_driver.py)
+  specctl        patched engine + a fresh ``specctl serve`` (default settings): the real product
+  oracle-*       patched engine, per-category (drafter, k) pinned through the overrides API, chosen after
+                 the fact (bench/cpu/oracle.py); the oracle is the best measured per-category static config
+  no_spec-again  (full mode) no speculation once more at the end: run-to-run drift on this shared machine
+
+Every configuration: a warm-up pass of distinct prompts (unmeasured), then the measured pass, first at
+concurrency 8, then 1. Goodput = committed tokens / wall time (per category: tokens / summed latency,
+see bench/cpu/measure.py). Every run's token ids are compared with the no-spec run's at the same
+concurrency. Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_traces.json
+(simulator trace), and in bench/results/tmp/cpu_engine/ the recorded telemetry and request token traces
+(inputs of ``specctl replay``).
+
+    python -m bench.cpu_engine --quick          # 2 prompts per category, ~25 min on 2 shared cores
+    python -m bench.cpu_engine                  # 22 per category (176 prompts)
+    python -m bench.cpu_engine --only no_spec,k=2,specctl --quick    # a subset while developing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tqdm import tqdm  # noqa: E402
+
+from bench.cpu import engines, measure, oracle, report, traces  # noqa: E402
+from bench.cpu.driver import Phase, run_phase  # noqa: E402
+from bench.cpu.workload import bench_workload, key  # noqa: E402
+from controller.core import replay as replay_core  # noqa: E402
+from controller.core import whatif  # noqa: E402
+from tests.support import controller_api  # noqa: E402
+from tests.support.specctl_serve import ADMIN_TOKEN  # noqa: E402
+from tests.support.workload import CATEGORIES  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+FIXED_KS = (1, 2, 3, 4, 6, 8)
+PROBE_CATEGORIES = list(CATEGORIES)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = Path(args.workdir)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.concurrencies = [int(c) for c in args.concurrency.split(",")]
+        self.prompts = bench_workload(args.per_category)
+        exclude = {key(p) for p in self.prompts}
+        self.warm = bench_workload(args.warmup_per_category, seed=1, exclude=exclude)
+        self.runs: dict[str, dict] = {}
+        self.records: dict[str, dict[int, Phase]] = {}
+        self.margins: dict[str, list[tuple[float, float]]] = {}
+        self.extra: dict[str, dict] = {}
+        self.model_dir = None
+
+    # -- one configuration -------------------------------------------------------------------------------
+    def run(self, cfg: engines.RunConfig) -> None:
+        started = time.monotonic()
+        entry = {"config": {"patched": cfg.patched, "speculative": cfg.speculative, "role": cfg.role,
+                            "pins": {str(c): p for c, p in cfg.pins.items()}}, "phases": {}}
+        self.runs[cfg.name] = entry
+        self.records[cfg.name] = {}
+        try:
+            workdir = self.tmp / "runs" / _slug(cfg.name)
+            with engines.start(cfg, self.model_dir, workdir, self.args.omp_bind) as st:
+                entry["startup_s"] = round(time.monotonic() - started, 1)
+                driver = None
+                if cfg.role == "ema_tiers":
+                    from bench.cpu.ema_driver import EmaOverrideDriver
+
+                    driver = EmaOverrideDriver(st.controller.url, ADMIN_TOKEN, PROBE_CATEGORIES, engines.K_MAX).start()
+                    st.proxy.observers.append(driver.observe)
+                for c in self.concurrencies:
+                    self._phase(cfg, st, c, entry)
+                if cfg.name == "no_spec":
+                    ref = run_phase(st.engine.url, self.prompts, max(self.concurrencies), logprobs=2,
+                                    desc="no_spec reference log-probs")
+                    self.margins = {r.id: r.top2 for r in ref.records}
+                    self.extra["logprob_pass_records"] = ref.records
+                if driver is not None:
+                    driver.stop()
+                    entry["ema"] = {"changes": driver.changes, "steps_at_k": dict(driver.steps_at_k),
+                                    "override_errors": driver.errors}
+        except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others' results
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            tqdm.write(f"{cfg.name}: FAILED {entry['error']}\n{traceback.format_exc()[-2000:]}")
+        entry["wall_s"] = round(time.monotonic() - started, 1)
+
+    def _phase(self, cfg: engines.RunConfig, st: engines.Stack, c: int, entry: dict) -> None:
+        name = cfg.name
+        if cfg.role == "oracle":
+            engines.set_pins(st.controller.url, cfg.pins[c], f"hindsight oracle, concurrency {c}")
+            self._wait_policy(st)
+        if st.proxy is not None:
+            st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_warm_c{c}.jsonl")
+        run_phase(st.engine.url, self.warm, c, desc=f"{name} c={c} warm-up")
+        if st.proxy is not None:
+            st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_c{c}.jsonl")
+        cpu0, load0 = st.cpu_seconds(), measure.load_avg()
+        phase = run_phase(st.engine.url, self.prompts, c, desc=f"{name} c={c}")
+        cpu1, load1 = st.cpu_seconds(), measure.load_avg()
+        if st.proxy is not None:
+            st.proxy.record_to(None)
+        summary = measure.summarise(phase, cpu1 - cpu0, (load0, load1))
+        entry["phases"][str(c)] = summary.to_dict()
+        self.records[name][c] = phase
+        if cfg.role == "specctl":
+            time.sleep(0.5)
+            entry.setdefault("decisions", {})[str(c)] = _decisions(st.controller.url)
+        tqdm.write(f"{name:>16} c={c}: {summary.goodput:7.1f} tok/s ({summary.tokens} tokens, {summary.wall_s:.1f} s, "
+                   f"{summary.failed} failed, load {load0:.1f}->{load1:.1f})")
+
+    def _wait_policy(self, st: engines.Stack) -> None:
+        """Until the engine reports running the controller's newest policy (the pins are in force)."""
+        eid = st.engine.engine_id
+        deadline = time.monotonic() + 20.0
+        time.sleep(0.3)
+        while time.monotonic() < deadline:
+            served, reported = engines.policy_version(st.controller.url, eid)
+            if served is not None and served == reported:
+                time.sleep(0.3)
+                served2, reported2 = engines.policy_version(st.controller.url, eid)
+                if served2 == reported2 == served:
+                    return
+            time.sleep(0.1)
+
+    # -- the plan ----------------------------------------------------------------------------------------
+    def wanted(self, name: str) -> bool:
+        only = self.args.only
+        return not only or name in only.split(",") or (name.startswith("oracle") and "oracle" in only.split(","))
+
+    def main_plan(self) -> None:
+        from tests.support.stack import model_dir
+
+        self.model_dir = model_dir(self.args.model_dir)
+        plan = [engines.no_spec()] + [engines.static(k) for k in self.args.ks]
+        bar = tqdm(total=len(plan) + 6, desc="configurations", unit="cfg", position=0, dynamic_ncols=True)
+        for cfg in plan:
+            if self.wanted(cfg.name):
+                self.run(cfg)
+            bar.update(1)
+        if self.wanted("batch_table"):
+            self.table = self._table()
+            self.run(engines.batch_table(self.table))
+        bar.update(1)
+        for name, role in (("ema_tiers", "ema_tiers"), ("specctl", "specctl")):
+            if self.wanted(name):
+                self.run(engines.patched(name, role))
+            bar.update(1)
+        if self.wanted("oracle"):
+            for name, pins in self._oracle_candidates().items():
+                self.run(engines.patched(name, "oracle", pins))
+        bar.update(2)
+        if self.args.repeat_reference and self.wanted("no_spec"):
+            self.run(engines.RunConfig("no_spec-again", False, None))
+        bar.update(1)
+        bar.close()
+
+    def _best_static(self, c: int) -> int:
+        best = (-1.0, 0)
+        for name, run in self.runs.items():
+            k = oracle.static_k(name)
+            ph = run["phases"].get(str(c))
+            if k is not None and ph and ph["goodput"] > best[0]:
+                best = (ph["goodput"], k)
+        return best[1]
+
+    def _table(self) -> list[list[int]]:
+        lo, hi = min(self.concurrencies), max(self.concurrencies)
+        k_lo, k_hi = self._best_static(lo), self._best_static(hi)
+        if lo == hi:
+            return [[1, engines.MAX_NUM_SEQS, k_hi]]
+        return [[1, lo, k_lo], [lo + 1, engines.MAX_NUM_SEQS, k_hi]]
+
+    # -- oracle -------------------------------------------------------------------------------------------
+    def _oracle_candidates(self) -> dict[str, dict[int, dict[str, tuple[int, str]]]]:
+        self.oracle_info: dict = {"candidates": {}, "fit": {}, "predicted": {}}
+        ref = self.records.get("no_spec", {})
+        if not ref:
+            return {}
+        proposers, used = replay_core.default_proposers("ngram", ["suffix"], "auto")
+        self.oracle_info["ngram_scorer"] = used
+        measured: dict[int, dict[str, tuple[int, str]]] = {}
+        modelled: dict[int, dict[str, tuple[int, str]]] = {}
+        for c in self.concurrencies:
+            trs = traces.request_traces(ref[c].records)
+            work = oracle.workload(trs, c)
+            profiles = whatif.trace_profiles(trs, proposers, list(range(1, engines.K_MAX + 1)))
+            walls = {oracle.static_k(n): r["phases"][str(c)]["wall_s"] for n, r in self.runs.items()
+                     if oracle.static_k(n) is not None and str(c) in r["phases"]}
+            cost, fit = oracle.fit_cost(work, profiles, walls)
+            self.oracle_info["fit"][str(c)] = fit
+            modelled[c] = oracle.model_choice(work, profiles, cost)
+            per = {n: r["phases"][str(c)]["per_category"] for n, r in self.runs.items() if str(c) in r["phases"]}
+            measured[c] = oracle.measured_argmax(per)
+            self.oracle_info["predicted"][str(c)] = {
+                "model": oracle.predicted_goodput(work, profiles, cost, modelled[c]),
+                "measured": oracle.predicted_goodput(work, profiles, cost, measured[c]),
+                "profiles": {cat: {f"{m}:{k}": [round(p.e, 4), round(p.d, 4)] for (m, k), p in sorted(per_.items())}
+                             for cat, per_ in profiles.items()}}
+        out = {"oracle-model": modelled}
+        if measured != modelled:
+            out["oracle-measured"] = measured
+        self.oracle_info["candidates"] = {n: {str(c): v for c, v in p.items()} for n, p in out.items()}
+        return out
+
+    def oracle_name(self, c: int) -> str | None:
+        """The best measured per-category static configuration: oracle runs and uniform static runs."""
+        cands = [n for n in self.runs if n.startswith("oracle") or oracle.static_k(n) is not None]
+        cands = [n for n in cands if str(c) in self.runs[n]["phases"] and n != "no_spec-again"]
+        if not any(n.startswith("oracle") for n in cands):
+            return None
+        return max(cands, key=lambda n: self.runs[n]["phases"][str(c)]["goodput"])
+
+    # -- after the runs ------------------------------------------------------------------------------------
+    def equality(self) -> dict:
+        out: dict = {"by_run": {}, "total_mismatches": 0, "requests_compared": 0}
+        for c in self.concurrencies:
+            ref = self.records.get("no_spec", {}).get(c)
+            if ref is None:
+                continue
+            for name, phases in self.records.items():
+                if name == "no_spec" or c not in phases:
+                    continue
+                mm = measure.mismatches(ref.records, phases[c].records, self.margins)
+                out["by_run"].setdefault(name, {})[str(c)] = [m.to_dict() for m in mm]
+                out["total_mismatches"] += len(mm)
+                out["requests_compared"] += len(phases[c].records)
+        lp = self.extra.get("logprob_pass_records")
+        ref8 = self.records.get("no_spec", {}).get(max(self.concurrencies))
+        if lp is not None and ref8 is not None:
+            out["control_logprob_pass_vs_no_spec"] = len(measure.mismatches(ref8.records, lp, self.margins))
+        if len(self.concurrencies) > 1 and "no_spec" in self.records:
+            a, b = (self.records["no_spec"].get(c) for c in self.concurrencies[:2])
+            if a and b:
+                out["control_no_spec_across_concurrency"] = len(measure.mismatches(a.records, b.records, self.margins))
+        return out
+
+    def write_traces(self) -> dict:
+        """Request token traces (per concurrency) and the simulator trace."""
+        ref = self.records.get("no_spec", {})
+        info = {}
+        for c, phase in ref.items():
+            path = self.tmp / "requests" / f"requests_c{c}.jsonl"
+            traces.write_request_traces(path, traces.request_traces(phase.records))
+            info[str(c)] = str(path)
+        static_recs = [r for n, ph in self.records.items() if oracle.static_k(n) or n == "batch_table"
+                       for p in ph.values() for r in p.records]
+        if ref and static_recs:
+            from engine_patch.proposers import propose_suffix
+
+            trs = traces.request_traces(ref[max(ref)].records)
+            doc = traces.sim_trace(static_recs, trs, propose_suffix, engines.K_MAX,
+                                   "bench/cpu_engine.py: vLLM 0.32 CPU, SmolLM2-135M-Instruct float32 greedy; engine = "
+                                   "vLLM n-gram (2..4) per-step acceptance of the static-k and batch-table runs; "
+                                   "suffix = the patch's drafter scored on the same requests' tokens at k=8")
+            Path(self.args.traces_out).write_text(json.dumps(doc, indent=1))
+            info["sim_trace"] = self.args.traces_out
+        return info
+
+    def replay_check(self) -> dict:
+        """``specctl replay`` on the specctl run's telemetry vs what the benchmark measured."""
+        out = {}
+        ref = self.records.get("no_spec", {})
+        for c in self.concurrencies:
+            path = self.tmp / "telemetry" / f"specctl_c{c}.jsonl"
+            if not path.exists() or c not in ref:
+                continue
+            batches = replay_core.parse_telemetry(path.read_text().splitlines(), str(path))
+            if not batches:
+                continue
+            proposers, _ = replay_core.default_proposers("ngram", ["suffix"], "auto")
+            rep = replay_core.replay(batches, traces.request_traces(ref[c].records), proposers)
+            measured = report.ratios(self.runs, str(c), self.oracle_name(c)).get("vs_no_spec", {})
+            out[str(c)] = {"estimated_vs_off": {n: round(r["vs_off"], 4) for n, r in rep["policies"].items()},
+                           "measured_vs_no_spec": {n: round(v, 4) for n, v in measured.items()},
+                           "measured_engine_goodput": rep["measured_goodput"],
+                           "choices": {n: r["choice"] for n, r in rep["policies"].items()
+                                       if n in ("goodput", "oracle")}}
+        return out
+
+
+def _decisions(url: str) -> list[dict]:
+    out = []
+    for v in controller_api.categories(url):
+        d = v.get("decision") or {}
+        out.append({"category": v.get("category"), "k": d.get("k"), "method": d.get("method"),
+                    "source": d.get("source"), "adapt": [d.get("adapt_k_min"), d.get("adapt_k_max")],
+                    "speedup": d.get("estimated_speedup"), "reason": d.get("reason"),
+                    "mean_acceptance_length": v.get("mean_acceptance_length")})
+    return out
+
+
+def _slug(name: str) -> str:
+    return name.replace("=", "").replace(" ", "_")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 prompts per category, 1 warm-up prompt per category")
+    ap.add_argument("--per-category", type=int, default=22, help="measured prompts per category (full mode)")
+    ap.add_argument("--warmup-per-category", type=int, default=3)
+    ap.add_argument("--concurrency", default="8,1", help="measured concurrencies, in run order")
+    ap.add_argument("--ks", default=",".join(map(str, FIXED_KS)))
+    ap.add_argument("--only", default="", help="comma-separated configurations to run (development)")
+    ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
+                    help="skip the final no-speculation drift check")
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--omp-bind", default=engines.default_omp_bind(),
+                    help="VLLM_CPU_OMP_THREADS_BIND of every engine (default: the last CPU, %(default)s; 'auto' = vLLM's)")
+    ap.add_argument("--out", default=str(RESULTS / "cpu_engine.json"))
+    ap.add_argument("--traces-out", default=str(RESULTS / "cpu_traces.json"))
+    ap.add_argument("--workdir", default=str(RESULTS / "tmp" / "cpu_engine"))
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.per_category, a.warmup_per_category, a.repeat_reference = 2, 1, False
+    a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    bench = Bench(args)
+    bench.main_plan()
+    cs = [str(c) for c in bench.concurrencies]
+    rat = {c: report.ratios(bench.runs, c, bench.oracle_name(int(c))) for c in cs}
+    out = {
+        "benchmark": "specctl CPU engine (vLLM 0.32 CPU, SmolLM2-135M-Instruct, n-gram)",
+        "settings": {"per_category": args.per_category, "warmup_per_category": args.warmup_per_category,
+                     "prompts": len(bench.prompts), "categories": list(CATEGORIES), "concurrency": bench.concurrencies,
+                     "fixed_ks": args.ks, "quick": args.quick, "k_max_patched": engines.K_MAX, "omp_bind": args.omp_bind,
+                     "engine": "float32, enforce-eager, prefix caching off, KV cache 1 GiB, seed 0, n-gram lookup 2..4",
+                     "python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus()},
+        "batch_table": getattr(bench, "table", None),
+        "runs": bench.runs,
+        "oracle": getattr(bench, "oracle_info", None),
+        "ratios": rat,
+        "targets": {c: report.check_targets(r) for c, r in rat.items()},
+        "equality": bench.equality(),
+    }
+    out["traces"] = bench.write_traces()
+    try:
+        out["replay_check"] = bench.replay_check()
+    except Exception as exc:  # noqa: BLE001 - a replay failure is reported, the measured results are kept
+        out["replay_check"] = {"error": f"{type(exc).__name__}: {exc}"}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not args.no_plots:
+        out["plots"] = report.plot(bench.runs, rat, cs, path.parent, path.stem)
+    out["wall_seconds"] = round(time.monotonic() - started, 1)
+    path.write_text(json.dumps(out, indent=1, default=str))
+    report.print_tables(bench.runs, rat, cs)
+    eq = out["equality"]
+    print(f"\ngreedy equality: {eq['total_mismatches']} mismatching outputs of {eq['requests_compared']} compared"
+          f" (controls: log-prob pass {eq.get('control_logprob_pass_vs_no_spec')}, no_spec across concurrency "
+          f"{eq.get('control_no_spec_across_concurrency')})")
+    print(f"wrote {path} in {out['wall_seconds']:.0f} s")
+    failed = [n for n, r in bench.runs.items() if "error" in r]
+    return 1 if failed else 0
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""``specctl replay``: what each policy would have done on recorded traffic, and its estimated goodput.
+
+A what-if tool for operators. Input: telemetry the engines posted (``TelemetryBatch`` JSON, one batch per
+line, e.g. recorded by ``bench/cpu/record.py``) and, where available, request token traces (JSON lines
+``{"category": ..., "prompt_token_ids": [...], "output_token_ids": [...]}``). Output, per request category:
+the proposal length and drafter each policy picks, and the goodput the recorded work would get with it
+(model in :mod:`controller.core.whatif`):
+
+  * ``recorded``  -- what ran, priced with the same model (its gap to the measured goodput shows how far
+                     to trust the other rows);
+  * ``off``       -- no speculation;
+  * ``k=N``       -- every category at the engine's drafter with N draft tokens (vLLM's static config);
+  * ``goodput``   -- specctl's policy: the real :class:`~controller.core.brain.Brain` fed with the
+                     recording, asked for its policy at the end (``--timeline`` also lists how its decision
+                     moved along the recording);
+  * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`controller.core.ema_tiers`) stepped through
+                     the recorded steps; its time-weighted mix of k;
+  * ``oracle``    -- the best static (drafter, k) per category in hindsight, under the same model.
+
+    specctl replay telemetry.jsonl --requests requests.jsonl [--batch-size 32] [--preset h200] [--json out.json]
+
+Everything but reading files and printing is a pure function (:func:`replay`, :func:`format_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from controller.core import whatif
+from controller.core.brain import Brain, IngestRejected
+from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from controller.core.cost import PRESETS
+from controller.protocol import MAX_K, METHOD_ENGINE, METHOD_OFF, SpecConfig, TelemetryBatch
+
+DEFAULT_POLICIES = ("recorded", "off", "static", "goodput", "ema_tiers", "oracle")
+DEFAULT_KS = (1, 2, 3, 4, 6, 8)
+#: Half-lives long enough that a recording of minutes to hours is weighted evenly (the maxima allowed).
+REPLAY_LEARNER = LearnerSettings(half_life_s=86_400, mix_half_life_s=3_600, cost_half_life_s=86_400)
+
+
+class ReplayError(ValueError):
+    """Input that cannot be replayed; the message says which line and why."""
+
+
+# --- parsing (strings in, plain data out) --------------------------------------------------------------------
+def parse_telemetry(lines: Iterable[str], source: str = "telemetry") -> list[TelemetryBatch]:
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(TelemetryBatch.model_validate_json(line))
+        except ValidationError as exc:
+            raise ReplayError(f"{source}:{i}: not a TelemetryBatch: {exc.errors()[0]['msg']}") from None
+    return out
+
+
+def parse_requests(lines: Iterable[str], source: str = "requests") -> list[whatif.RequestTrace]:
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(whatif.RequestTrace(str(d["category"]), tuple(int(x) for x in d["prompt_token_ids"]),
+                                           tuple(int(x) for x in d["output_token_ids"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReplayError(f"{source}:{i}: not a request trace ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def select_model(batches: Sequence[TelemetryBatch], model: str | None) -> list[TelemetryBatch]:
+    models = sorted({b.model_name for b in batches})
+    if model is None:
+        if len(models) > 1:
+            raise ReplayError(f"the recording holds several models {models}: choose one with --model")
+        return list(batches)
+    chosen = [b for b in batches if b.model_name == model]
+    if not chosen:
+        raise ReplayError(f"no telemetry for model {model!r} (found {models})")
+    return chosen
+
+
+# --- policies -------------------------------------------------------------------------------------------------
+def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, preset: str,
+                      timeline: bool = False) -> tuple[dict[str, tuple[int, str, str]], list[dict], int]:
+    """The goodput policy's per-category (k, drafter, source) after the recording (and along it).
+
+    Returns (final choice, timeline of changes, rejected batches).
+    """
+    config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset))
+    brain = Brain(config)
+    model, engine_id = batches[-1].model_name, batches[-1].engine_id
+    now = t0 = batches[0].sent_at
+    rejected = 0
+    changes: list[dict] = []
+    last: dict[str, tuple[int, str, str]] | None = None
+    next_ask = t0
+    for b in batches:
+        now = max(now, b.sent_at)
+        try:
+            brain.ingest(b, now)
+        except IngestRejected:
+            rejected += 1
+            continue
+        if timeline and now >= next_ask:
+            current = _wire_choice(brain, model, spec, now, engine_id)
+            if current != last:
+                changes.append({"t_s": round(now - t0, 3),
+                                "categories": {c: f"{m}:{k}" for c, (k, m, _) in sorted(current.items())}})
+                last = current
+            next_ask = now + config.policy.interval_s
+    return _wire_choice(brain, model, spec, now, engine_id), changes, rejected
+
+
+def _wire_choice(brain: Brain, model: str, spec: SpecConfig, now: float,
+                 engine_id: str) -> dict[str, tuple[int, str, str]]:
+    policy = brain.policy_for(model, spec, now, engine_id)
+    out = {}
+    for name, cp in {"_default": policy.default, **policy.categories}.items():
+        method = spec.method if cp.method in (METHOD_ENGINE, spec.method) else cp.method
+        out[name] = (cp.k, method if cp.k > 0 else METHOD_OFF, cp.source)
+    return out
+
+
+def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Workload,
+                 profiles: Mapping[str, Mapping[tuple[str, int], whatif.Profile]]) -> tuple[dict, list[str]]:
+    choice, notes = {}, []
+    default = decisions.get("_default", (0, METHOD_OFF, "default"))
+    for c in work.categories:
+        k, m, _ = decisions.get(c, default)
+        p = whatif.profile_for(profiles, c, m, k)
+        if p is None:
+            notes.append(f"goodput: no profile for {c} at {m}:{k}; counted as off")
+            p = whatif.OFF
+        choice[c] = p
+    return choice, notes
+
+
+def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batch_size, method):
+    betas = {c: np.asarray(per[method].betas(max(k_max, 1), 0.5, 4.0))
+             for c, per in profiles_est.items() if method in per}
+    counts = whatif.ema_tier_steps(batches, betas, k_max, initial_steps)
+    parts = []
+    for k, steps in sorted(counts.items()):
+        est = whatif.estimate(work, whatif.uniform(work, profiles, method, k), cost, batch_size)
+        parts.append((steps * est.goodput * est.step_ms, est))  # committed tokens done at this k
+    return whatif.mixed_estimate(parts), counts
+
+
+# --- the replay ------------------------------------------------------------------------------------------------
+def replay(batches: Sequence[TelemetryBatch], traces: Sequence[whatif.RequestTrace] = (),
+           proposers: Mapping[str, whatif.Proposer] | None = None, *, policies: Sequence[str] = DEFAULT_POLICIES,
+           ks: Sequence[int] = DEFAULT_KS, k_max: int | None = None, batch_size: float | None = None,
+           preset: str = "cpu", ema_initial_steps: int = 3, timeline: bool = False) -> dict:
+    """The what-if report (plain JSON-able dict). ``proposers`` score token traces per drafter name."""
+    if not batches:
+        raise ReplayError("no telemetry batches")
+    if preset not in PRESETS:
+        raise ReplayError(f"unknown cost preset {preset!r} (known: {sorted(PRESETS)})")
+    spec0 = batches[-1].spec
+    k_top = k_max if k_max is not None else max(spec0.k_max, max(ks, default=0))
+    k_top = max(0, min(k_top, MAX_K))
+    spec = SpecConfig(method=spec0.method, k_max=k_top, model_free_methods=list(spec0.model_free_methods))
+    all_ks = list(range(1, k_top + 1))
+    work = whatif.workload_from_telemetry(batches)
+    cost = whatif.fit_cost(batches, PRESETS[preset])
+    est, _ = whatif.acceptance(batches)
+    tel = whatif.telemetry_profiles(batches, all_ks)
+    scored = whatif.trace_profiles(traces, proposers or {}, all_ks) if traces and proposers else {}
+    profiles = whatif.merge_profiles(scored, tel)
+    notes: list[str] = []
+    rows: dict[str, dict] = {}
+
+    def row(name: str, choice: Mapping[str, whatif.Profile], e: whatif.Estimate | None = None, **extra) -> None:
+        e = e or whatif.estimate(work, choice, cost, batch_size)
+        rows[name] = {"goodput": e.goodput, "step_ms": e.step_ms, "per_category": dict(e.per_category),
+                      "choice": {c: {"method": p.method, "k": p.k, "e": round(p.e, 4), "d": round(p.d, 4), "source": p.source}
+                                 for c, p in choice.items()},
+                      **extra}
+
+    row("off", {c: whatif.OFF for c in work.categories})
+    for name in policies:
+        if name == "recorded":
+            row("recorded", dict(work.recorded))
+        elif name == "static":
+            for k in ks:
+                if k <= k_top:
+                    row(f"k={k}", whatif.uniform(work, profiles, spec.method, k))
+        elif name == "goodput":
+            decisions, changes, rejected = goodput_decisions(batches, spec, preset, timeline)
+            choice, miss = _choice_from(decisions, work, profiles)
+            notes += miss
+            if rejected:
+                notes.append(f"goodput: {rejected} batches rejected by the controller logic and skipped")
+            row("goodput", choice, timeline=changes,
+                sources={c: decisions.get(c, decisions.get("_default", (0, "", "default")))[2]
+                         for c in work.categories})
+        elif name == "ema_tiers":
+            e, counts = _ema(batches, est, work, profiles, cost, k_top, ema_initial_steps, batch_size, spec.method)
+            total = sum(counts.values()) or 1
+            row("ema_tiers", {}, e, steps_at_k={str(k): round(n / total, 4) for k, n in sorted(counts.items())})
+        elif name == "oracle":
+            starts = [whatif.uniform(work, profiles, spec.method, k) for k in all_ks]
+            row("oracle", whatif.best_static(work, profiles, cost, batch_size, starts))
+        elif name != "off":
+            raise ReplayError(f"unknown policy {name!r} (known: {', '.join(DEFAULT_POLICIES)})")
+    off = rows["off"]["goodput"]
+    for r in rows.values():
+        r["vs_off"] = r["goodput"] / off if off > 0 else None
+        r["per_category_vs_off"] = {c: v / rows["off"]["per_category"][c]
+                                    for c, v in r["per_category"].items() if rows["off"]["per_category"].get(c)}
+    sources = {c: sorted({p.source for p in profiles.get(c, {}).values()}) for c in work.categories}
+    return {
+        "model": batches[-1].model_name,
+        "engine": {"method": spec.method, "k_max": spec0.k_max, "what_if_k_max": k_top,
+                   "model_free_methods": list(spec.model_free_methods)},
+        "batches": len(batches), "steps": work.steps, "step_seconds": round(work.step_seconds, 6),
+        "batch_size": batch_size or work.batch_size, "recorded_batch_size": work.batch_size,
+        "measured_goodput": work.measured_goodput, "committed_tokens": dict(work.committed),
+        "cost_preset": preset, "cost": cost.to_dict(), "profile_sources": sources,
+        "requests_scored": len(traces) if scored else 0, "policies": rows, "notes": notes,
+    }
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def format_report(report: dict) -> str:
+    cats = sorted(report["committed_tokens"])
+    pol = report["policies"]
+    eng = report["engine"]
+    head = [f"model {report['model']}: engine drafter {eng['method']} k_max {eng['k_max']}, "
+            f"{report['steps']} steps, batch {report['batch_size']:.2f} (recorded {report['recorded_batch_size']:.2f}), "
+            f"measured {report['measured_goodput']:.1f} tok/s of step time; cost preset {report['cost_preset']}"]
+    rows = []
+    for name, r in pol.items():
+        rows.append([name, f"{r['goodput']:.1f}", f"{r['vs_off']:.3f}" if r["vs_off"] else "-", f"{r['step_ms']:.2f}"]
+                    + [f"{r['per_category_vs_off'].get(c, 0):.2f}" for c in cats])
+    out = ["\n".join(head), "", "estimated goodput (tok/s), and per category tokens/s of one request vs off:",
+           _table(rows, ["policy", "tok/s", "vs off", "step ms", *cats]), "", "choice per category (drafter:k):"]
+    rows = []
+    for name, r in pol.items():
+        if not r["choice"]:
+            mix = r.get("steps_at_k", {})
+            rows.append([name] + [" ".join(f"{k}:{v:.0%}" for k, v in mix.items())] + [""] * (len(cats) - 1))
+            continue
+        rows.append([name] + [_fmt_choice(r["choice"].get(c)) for c in cats])
+    out.append(_table(rows, ["policy", *cats]))
+    if pol.get("goodput", {}).get("timeline"):
+        out += ["", "goodput policy along the recording:"]
+        out += [f"  t={ch['t_s']:>8.1f}s  " + ", ".join(f"{c}={v}" for c, v in ch["categories"].items())
+                for ch in pol["goodput"]["timeline"]]
+    out += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(out)
+
+
+def _fmt_choice(c: dict | None) -> str:
+    if c and c["source"] == "recorded":
+        return f"E={c['e']:.2f}"
+    if not c or c["k"] == 0:
+        return "off"
+    return f"{c['method']}:{c['k']}"
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
+                      ) -> tuple[dict[str, whatif.Proposer], str]:
+    """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
+    from engine_patch.proposers import PROPOSERS
+
+    out: dict[str, whatif.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
+    used = "patch"
+    if engine_method == "ngram" and engine_ngram in ("auto", "vllm"):
+        try:
+            from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as f
+        except ImportError:
+            if engine_ngram == "vllm":
+                raise ReplayError("--engine-ngram vllm: vLLM is not installed here") from None
+        else:
+            def vllm_ngram(tokens: np.ndarray, k: int) -> list[int]:
+                return f(tokens, 2, 4, 1 << 30, k).tolist()
+
+            out["ngram"] = vllm_ngram
+            used = "vllm"
+    return out, used
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specctl replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("telemetry", nargs="+", type=Path, help="TelemetryBatch JSON lines (one batch per line)")
+    p.add_argument("--requests", type=Path, action="append", default=[],
+                   help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids}")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated subset of %(default)s")
+    p.add_argument("--ks", default=",".join(map(str, DEFAULT_KS)), help="static k rows (default %(default)s)")
+    p.add_argument("--k-max", type=int, help="what-if k_max (default: the larger of the engine's and --ks)")
+    p.add_argument("--batch-size", type=float, help="what-if batch size (default: the recorded mean)")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="cost preset the fit is pulled toward")
+    p.add_argument("--model", help="model to replay when the recording holds several")
+    p.add_argument("--engine-ngram", choices=("auto", "vllm", "patch"), default="auto",
+                   help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")
+    p.add_argument("--ema-initial-steps", type=int, default=3, help="EMA tiers' configured steps at start")
+    p.add_argument("--timeline", action="store_true", help="also list the goodput policy's decisions over time")
+    p.add_argument("--json", type=Path, help="write the full report here as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        batches: list[TelemetryBatch] = []
+        for path in args.telemetry:
+            batches += parse_telemetry(path.read_text().splitlines(), str(path))
+        batches = select_model(batches, args.model)
+        traces = [t for path in args.requests for t in parse_requests(path.read_text().splitlines(), str(path))]
+        proposers: dict[str, whatif.Proposer] = {}
+        if traces and batches:
+            spec = batches[-1].spec
+            proposers, used = default_proposers(spec.method, spec.model_free_methods, args.engine_ngram)
+            print(f"scoring {len(traces)} request traces with {', '.join(proposers)} (n-gram: {used})",
+                  file=sys.stderr)
+        ks = [int(x) for x in args.ks.split(",") if x.strip()]
+        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+        report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
+                        batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
+                        timeline=args.timeline)
+    except OSError as exc:
+        print(f"specctl replay: {exc}", file=sys.stderr)
+        return 2
+    except ReplayError as exc:
+        print(f"specctl replay: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    try:
+        return asdict(x)
+    except TypeError:
+        return str(x)

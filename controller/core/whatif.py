@@ -1,0 +1,430 @@
+"""What-if estimates for ``specctl replay``: the goodput recorded work would get under another policy.
+
+Pure functions on plain data (no I/O, no clock). Inputs are recorded telemetry (``TelemetryBatch``) and,
+where available, request token traces (prompt and output token ids of finished requests).
+
+Work model (closed loop, the recording's batch size ``B``). Greedy outputs do not depend on the
+speculative policy, so the work is fixed: category ``c`` committed ``C_c`` tokens and the engine
+prefilled ``P`` tokens. A policy gives each category a proposal length ``k_c`` and drafter ``m_c``, which
+fix two per-request-step figures:
+
+    E_c = committed tokens per request step,     D_c = draft tokens verified per request step
+
+Then the request steps are ``R_c = C_c / E_c``, the engine steps ``S = sum_c R_c / B``, and one mean step
+schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens, ``F = sum_{c on a model-free drafter} R_c D_c / S``
+model-free draft tokens and (model-based drafter) the depth ``d = max k_c``. With the step-cost model ``T``
+(:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset)
+
+    goodput = sum_c C_c / (S * T(B, N, d, F))          per category: E_c / T  (tokens/s of one request)
+
+Where ``E`` and ``D`` come from:
+  * request token traces (exact for model-free drafters): the speculative loop is re-run on each
+    request's real tokens -- propose with the drafter, accept the common prefix with what the target
+    produced, commit accepted + 1 -- so steps and drafted tokens are counted, not modelled. Proposers are
+    assumed prefix-consistent (the first ``k`` tokens of a ``k+1`` proposal are the ``k`` proposal), which
+    holds for n-gram prompt lookup and suffix matching;
+  * telemetry alone: ``E(k) = 1 + rho * sum_{i<=k} prod_{j<=i} beta_j`` and ``D(k) = rho * k`` with the
+    per-position conditional acceptance ``beta`` of :mod:`controller.core.estimator` (real and
+    counterfactual histograms pooled) and ``rho`` the share of request steps that had drafts when the
+    drafter ran (1 for a drafter only scored counterfactually: optimistic).
+
+Trade-offs: one mean step stands for all (exact when the cost is linear in tokens, as on a CPU; an
+approximation around a GPU's knee); per-request adaptation inside the engine is not modelled (a policy's
+starting k stands for its requests); probing is ignored.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.core import ema_tiers
+from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_shape
+from controller.core.estimator import AcceptanceEstimator
+from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+
+#: A drafter: (context tokens, k) -> up to k proposed tokens.
+Proposer = Callable[[np.ndarray, int], list[int]]
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """One finished request: its category and token ids (prompt as scheduled, output as produced)."""
+
+    category: str
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Committed tokens ``e`` and verified draft tokens ``d`` per request step of one (category, method, k)."""
+
+    method: str
+    k: int
+    e: float
+    d: float
+    source: str  # trace | telemetry | off | recorded
+
+
+OFF = Profile(METHOD_OFF, 0, 1.0, 0.0, "off")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the recording did, independent of the policy."""
+
+    committed: Mapping[str, float]  # C_c: tokens committed per category
+    prefill_tokens: float  # P
+    batch_size: float  # B: mean requests per busy step
+    steps: int  # busy steps recorded
+    step_seconds: float  # their summed wall time
+    recorded: Mapping[str, Profile] = field(default_factory=dict)  # E, D as they ran
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return tuple(sorted(self.committed))
+
+    @property
+    def measured_goodput(self) -> float:
+        """Committed tokens per second of engine step time, as recorded."""
+        return sum(self.committed.values()) / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    goodput: float  # committed tokens / s, whole batch
+    step_ms: float  # mean step time
+    per_category: Mapping[str, float]  # E_c / T: tokens / s of one request of the category while it decodes
+
+
+# --- token traces ----------------------------------------------------------------------------------------------
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def score_request(trace: RequestTrace, propose: Proposer, ks: Iterable[int], k_cap: int) -> dict[int, tuple[int, int]]:
+    """(decode steps, drafted tokens) to produce ``trace.output`` at each proposal length in ``ks``.
+
+    The first output token comes from the prefill step (the same for every k) and is not counted. Proposals
+    are computed once per position at ``k_cap`` and truncated (prefix-consistent proposers).
+    """
+    tokens = np.asarray(trace.prompt + trace.output, dtype=np.int32)
+    base = len(trace.prompt)
+    length = len(trace.output)
+    cache: dict[int, list[int]] = {}
+    out: dict[int, tuple[int, int]] = {}
+    for k in ks:
+        pos, steps, drafted = 1, 0, 0
+        while pos < length:
+            proposal: list[int] = []
+            if k > 0:
+                full = cache.get(pos)
+                if full is None:
+                    full = cache[pos] = list(propose(tokens[: base + pos], k_cap))
+                proposal = full[:k]
+            accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
+            pos += accepted + 1
+            steps += 1
+            drafted += len(proposal)
+        out[k] = (steps, drafted)
+    return out
+
+
+def trace_profiles(traces: Sequence[RequestTrace], proposers: Mapping[str, Proposer],
+                   ks: Sequence[int]) -> dict[str, dict[tuple[str, int], Profile]]:
+    """Per category, per (method, k): E and D pooled over its requests (sum tokens / sum steps)."""
+    k_cap = max(ks, default=0)
+    acc: dict[tuple[str, str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # tokens, steps, drafted
+    for tr in traces:
+        if len(tr.output) < 2:
+            continue
+        for method, propose in proposers.items():
+            for k, (steps, drafted) in score_request(tr, propose, ks, k_cap).items():
+                a = acc[(tr.category, method, k)]
+                a[0] += len(tr.output) - 1
+                a[1] += steps
+                a[2] += drafted
+    out: dict[str, dict[tuple[str, int], Profile]] = defaultdict(dict)
+    for (cat, method, k), (tokens, steps, drafted) in acc.items():
+        if steps:
+            out[cat][(method, k)] = Profile(method, k, tokens / steps, drafted / steps, "trace")
+    return dict(out)
+
+
+def trace_histograms(trace: RequestTrace, propose: Proposer, k: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) of every decode step when the request runs at ``k`` (for per-position traces)."""
+    tokens = np.asarray(trace.prompt + trace.output, dtype=np.int32)
+    base, length = len(trace.prompt), len(trace.output)
+    pos, out = 1, []
+    while pos < length:
+        proposal = list(propose(tokens[: base + pos], k))[:k] if k > 0 else []
+        accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
+        if proposal:
+            out.append((len(proposal), accepted))
+        pos += accepted + 1
+    return out
+
+
+# --- telemetry ---------------------------------------------------------------------------------------------
+def _engine_method(batches: Sequence[TelemetryBatch]) -> str:
+    return batches[-1].spec.method if batches else METHOD_OFF
+
+
+def _real(method: str, engine: str) -> str:
+    return engine if method == METHOD_ENGINE else method
+
+
+def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
+    """Committed tokens per category, prefill tokens, batch size and the E/D each category ran with."""
+    engine = _engine_method(batches)
+    committed: dict[str, float] = defaultdict(float)
+    req_steps: dict[str, float] = defaultdict(float)
+    drafted: dict[str, float] = defaultdict(float)
+    methods: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    prefill = seconds = 0.0
+    busy = requests = 0
+    for b in batches:
+        for st in b.steps:
+            if st.batch_size <= 0:
+                continue
+            busy += 1
+            requests += st.batch_size
+            seconds += st.wall_s
+            prefill += max(0, st.scheduled_tokens - st.batch_size - st.draft_tokens)
+            for cs in st.categories:
+                acc = sum(h.accepted_tokens for h in cs.hists)
+                committed[cs.category] += cs.requests + acc
+                req_steps[cs.category] += cs.requests
+                drafted[cs.category] += sum(h.draft_tokens for h in cs.hists)
+                methods[cs.category][_real(cs.method, engine)] += cs.requests
+    recorded = {}
+    for c, r in req_steps.items():
+        if r > 0:
+            top = max(methods[c].items(), key=lambda kv: kv[1])[0]
+            recorded[c] = Profile(top, 0, committed[c] / r, drafted[c] / r, "recorded")
+    return Workload(dict(committed), prefill, requests / busy if busy else 1.0, busy, seconds, recorded)
+
+
+def acceptance(batches: Sequence[TelemetryBatch]) -> tuple[dict[str, dict[str, AcceptanceEstimator]],
+                                                           dict[str, dict[str, float]]]:
+    """Undecayed per-(category, method) estimators (real + counterfactual) and draft rates of real runs."""
+    engine = _engine_method(batches)
+    est: dict[str, dict[str, AcceptanceEstimator]] = defaultdict(dict)
+    reqs: dict[tuple[str, str], float] = defaultdict(float)
+    drafts: dict[tuple[str, str], float] = defaultdict(float)
+    for b in batches:
+        for st in b.steps:
+            for cs in st.categories:
+                m = _real(cs.method, engine)
+                entries = [(m, False, cs.hists)] if m != METHOD_OFF else []
+                entries += [(cm, True, hs) for cm, hs in cs.counterfactual.items()]
+                if m != METHOD_OFF:
+                    reqs[(cs.category, m)] += cs.requests
+                    drafts[(cs.category, m)] += sum(h.drafts for h in cs.hists)
+                for method, cf, hs in entries:
+                    if not hs:
+                        continue
+                    e = est[cs.category].get(method)
+                    if e is None:
+                        e = est[cs.category][method] = AcceptanceEstimator()
+                    for h in hs:
+                        e.add(h.k, list(h.accepted), cf)
+    rates: dict[str, dict[str, float]] = defaultdict(dict)
+    for (c, m), r in reqs.items():
+        if r > 0 and drafts[(c, m)] > 0:
+            rates[c][m] = min(1.0, drafts[(c, m)] / r)
+    return dict(est), dict(rates)
+
+
+def telemetry_profiles(batches: Sequence[TelemetryBatch], ks: Sequence[int], prior_mean: float = 0.5,
+                       prior_strength: float = 4.0) -> dict[str, dict[tuple[str, int], Profile]]:
+    est, rates = acceptance(batches)
+    k_cap = max(ks, default=0)
+    out: dict[str, dict[tuple[str, int], Profile]] = {}
+    for c, per in est.items():
+        out[c] = {}
+        for m, e in per.items():
+            if e.evidence <= 0:
+                continue
+            betas = np.asarray(e.betas(k_cap, prior_mean, prior_strength))
+            rho = rates.get(c, {}).get(m, 1.0)
+            cum = np.concatenate([[0.0], np.cumsum(np.cumprod(betas))])
+            for k in ks:
+                out[c][(m, k)] = Profile(m, k, 1.0 + rho * float(cum[k]), rho * k, "telemetry")
+    return out
+
+
+def fit_cost(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_strength: float = 10.0
+             ) -> CostCoefficients:
+    """The step-cost model fitted to every recorded step (no forgetting), pulled toward ``preset``."""
+    model = OnlineCostModel(preset, prior_strength)
+    for b in batches:
+        model.add_many([(*step_shape(st, b.spec.method), st.wall_s) for st in b.steps if st.batch_size > 0])
+    return model.coefficients()
+
+
+def merge_profiles(primary: Mapping[str, Mapping[tuple[str, int], Profile]],
+                   fallback: Mapping[str, Mapping[tuple[str, int], Profile]]) -> dict[str, dict[tuple[str, int], Profile]]:
+    """Per category, ``primary`` (token traces) where it has the (method, k), else ``fallback`` (telemetry)."""
+    out: dict[str, dict[tuple[str, int], Profile]] = {}
+    for c in set(primary) | set(fallback):
+        merged = dict(fallback.get(c, {}))
+        merged.update(primary.get(c, {}))
+        out[c] = merged
+    return out
+
+
+# --- the estimate ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepLoad:
+    """The mean engine step of the recorded work under one choice."""
+
+    steps: float  # S: engine steps for the whole work
+    batch_size: float  # B
+    tokens: float  # N: scheduled tokens per step
+    free: float  # F: model-free draft tokens per step
+    depth: int  # d: model-based drafting depth
+    request_steps: Mapping[str, float]  # R_c
+
+
+def step_load(work: Workload, choice: Mapping[str, Profile], batch_size: float | None = None) -> StepLoad:
+    """S, N, F, d of the work model (see the module docstring); categories missing from ``choice`` are off."""
+    b = float(batch_size or work.batch_size or 1.0)
+    cats = [c for c, v in work.committed.items() if v > 0]
+    prof = [choice.get(c, OFF) for c in cats]
+    r = {c: work.committed[c] / max(p.e, 1e-9) for c, p in zip(cats, prof)}
+    steps = max(sum(r.values()) / b, 1e-12)
+    n_tok = (work.prefill_tokens + sum(r[c] * (1.0 + p.d) for c, p in zip(cats, prof))) / steps
+    free = sum(r[c] * p.d for c, p in zip(cats, prof) if is_model_free(p.method)) / steps
+    depth = max((p.k for p in prof if p.k > 0 and not is_model_free(p.method)), default=0)
+    return StepLoad(steps, b, n_tok, free, depth, r)
+
+
+def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficients,
+             batch_size: float | None = None) -> Estimate:
+    """Goodput of the recorded work with each category at ``choice[c]`` (missing categories: off)."""
+    if not any(v > 0 for v in work.committed.values()):
+        return Estimate(0.0, 0.0, {})
+    load = step_load(work, choice, batch_size)
+    t = cost.step_time(load.batch_size, load.tokens, load.depth, load.free)
+    good = sum(work.committed.values()) / (load.steps * t)
+    return Estimate(good, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in load.request_steps})
+
+
+def profile_for(profiles: Mapping[str, Mapping[tuple[str, int], Profile]], category: str, method: str,
+                k: int) -> Profile | None:
+    if k <= 0 or method == METHOD_OFF:
+        return OFF
+    return profiles.get(category, {}).get((method, k))
+
+
+def uniform(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], method: str,
+            k: int) -> dict[str, Profile]:
+    """Every category at (method, k); categories without a profile for it stay off (and are reported)."""
+    out = {}
+    for c in work.categories:
+        p = profile_for(profiles, c, method, k)
+        out[c] = p if p is not None else OFF
+    return out
+
+
+def options(profiles: Mapping[tuple[str, int], Profile]) -> list[Profile]:
+    return [OFF, *sorted(profiles.values(), key=lambda p: (p.method, p.k))]
+
+
+def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], cost: CostCoefficients,
+                batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = ()) -> dict[str, Profile]:
+    """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch.
+
+    Coordinate ascent over categories (the batch couples them through the step time), restarted from all
+    off, from ``starts`` (e.g. every uniform k), keeping the best end point.
+    """
+    cats = list(work.categories)
+    opts = {c: options(profiles.get(c, {})) for c in cats}
+    best, best_g = None, -1.0
+    for start in itertools.chain([{c: OFF for c in cats}], starts):
+        cur = {c: start.get(c, OFF) for c in cats}
+        g = estimate(work, cur, cost, batch_size).goodput
+        for _ in range(50):
+            moved = False
+            for c in cats:
+                for p in opts[c]:
+                    trial = {**cur, c: p}
+                    gt = estimate(work, trial, cost, batch_size).goodput
+                    if gt > g * (1 + 1e-12):
+                        cur, g, moved = trial, gt, True
+            if not moved:
+                break
+        if g > best_g:
+            best, best_g = cur, g
+    return best or {}
+
+
+# --- SGLang-style EMA tiers over the recorded steps --------------------------------------------------------------
+def _tail(betas: np.ndarray, start: int, k: int) -> float:
+    """Expected further acceptances at positions start+1..k given everything up to ``start`` was accepted."""
+    if k <= start:
+        return 0.0
+    return float(np.sum(np.cumprod(betas[start:k])))
+
+
+def ema_tier_steps(batches: Sequence[TelemetryBatch], betas: Mapping[str, np.ndarray], k_max: int,
+                   initial_steps: int = 3, slots: Mapping[int, ema_tiers.SlotConfig] | None = None
+                   ) -> dict[int, int]:
+    """Steps the EMA tiers would have spent at each k on the recorded traffic.
+
+    Each recorded draft of length ``k_r`` with ``j`` accepted is what a draft of length ``k`` would have
+    accepted up to ``min(j, k)`` (prefix-consistent drafters); beyond ``k_r`` after a full acceptance the
+    category's conditional acceptance ``betas`` gives the expected rest.
+    """
+    cfg = ema_tiers.clamp_slots(slots or ema_tiers.DEFAULT_SLOTS, k_max)
+    state = ema_tiers.init_state(min(initial_steps, k_max), cfg)
+    counts: dict[int, int] = defaultdict(int)
+    for b in batches:
+        for st in b.steps:
+            if st.batch_size <= 0:
+                continue
+            k = state.steps_for_batch(st.batch_size)
+            counts[k] += 1
+            accepted: list[float] = []
+            for cs in st.categories:
+                bet = betas.get(cs.category)
+                for h in cs.hists:
+                    for j, n in enumerate(h.accepted):
+                        if not n:
+                            continue
+                        if j < h.k or k <= h.k:
+                            a = float(min(j, k))
+                        else:
+                            a = h.k + (_tail(bet, h.k, k) if bet is not None else 0.0)
+                        accepted.extend([a] * n)
+            if k == 0:
+                accepted = [0.0] * st.batch_size
+            if accepted:
+                state = ema_tiers.update(state, cfg, st.batch_size, accepted)
+    return dict(counts)
+
+
+def mixed_estimate(parts: Sequence[tuple[float, Estimate]]) -> Estimate:
+    """Work split over regimes: ``(share of committed tokens, estimate)`` -> one estimate (time adds up)."""
+    total = sum(w for w, _ in parts)
+    if total <= 0:
+        return Estimate(0.0, 0.0, {})
+    inv = sum(w / total / est.goodput for w, est in parts if est.goodput > 0)
+    cats = set().union(*(est.per_category for _, est in parts))
+    per = {}
+    for c in cats:
+        denom = sum(w / total / est.per_category[c] for w, est in parts if est.per_category.get(c))
+        per[c] = 1.0 / denom if denom else 0.0
+    step = sum(w / total * est.step_ms for w, est in parts)
+    return Estimate(1.0 / inv if inv else 0.0, step, per)

@@ -1,0 +1,301 @@
+"""``specctl replay`` and its pure parts: EMA tiers, token-trace scoring, the what-if estimate, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.core import ema_tiers, replay, whatif
+from controller.core.cost import CostCoefficients
+from controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
+from tests.unit.core.factories import length_counts
+
+NGRAM_SPEC = SpecConfig(method="ngram", k_max=8, model_free_methods=["suffix"])
+
+
+def linear_cost(base: float, per_token: float) -> CostCoefficients:
+    return CostCoefficients(base=base, per_request=0.0, per_token=per_token, per_token_above_knee=0.0, draft_fixed=0.0,
+                            draft_fixed_per_request=0.0, draft_pass=0.0, draft_pass_per_request=0.0,
+                            free_draft_token=0.0, knee=0.0)
+
+
+# --- EMA tiers (SGLang's adaptive steps) ---------------------------------------------------------------------
+@pytest.mark.parametrize(("keys", "batch", "slot"), [
+    ((1, 8, 32, 64), 0, 1), ((1, 8, 32, 64), 1, 1), ((1, 8, 32, 64), 7, 1), ((1, 8, 32, 64), 8, 8),
+    ((1, 8, 32, 64), 31, 8), ((1, 8, 32, 64), 32, 32), ((1, 8, 32, 64), 500, 64), ((4, 16), 2, 4),
+])
+def test_slot_routing_is_the_largest_key_not_above_the_batch(keys, batch, slot) -> None:
+    assert ema_tiers.slot_key(keys, batch) == slot
+
+
+def _run_slot(cfg: ema_tiers.SlotConfig, initial: int, batches: list[list[float]]) -> list[int]:
+    s = ema_tiers.init_slot(initial, cfg)
+    out = []
+    for accepted in batches:
+        s = ema_tiers.update_slot(s, cfg, accepted)
+        out.append(s.steps)
+    return out
+
+
+SLOT1 = ema_tiers.DEFAULT_SLOTS[1]
+SLOT8 = ema_tiers.DEFAULT_SLOTS[8]
+
+
+@pytest.mark.parametrize(("cfg", "initial", "batches", "expected_at"), [
+    # warm-up: nothing moves during the first 10 batches whatever the acceptance
+    (SLOT1, 3, [[7.0]] * 10, {9: 3}),
+    # first re-evaluation at batch 15: ema = 7 - 5*0.8^15 = 6.82 climbs 3 -> 5 -> 7 in one go
+    (SLOT1, 3, [[7.0]] * 15, {13: 3, 14: 7}),
+    # all rejected: ema = 2*0.8^15 = 0.07 <= 1 - 0.5 - 0.25 drops to the floor candidate 1
+    (SLOT1, 3, [[0.0]] * 15, {14: 1}),
+    # ema 1.0 after decay from 2 stays above the drop threshold 0.25 of candidate 1 and below 2.5
+    (SLOT1, 3, [[1.0]] * 20, {14: 3, 19: 3}),
+    # initial steps not a candidate: the middle candidate (index 2 of 1/3/5/7 -> 5)
+    (SLOT1, 4, [[4.0]] * 1, {0: 5}),
+    # slot 8 (0/1/3): zero acceptance reaches 0 (drop threshold 0.5 for a zero candidate)...
+    (SLOT8, 1, [[0.0]] * 15, {14: 0}),
+    # ... and a zero-step slot probes the next candidate at its next re-evaluation
+    (SLOT8, 1, [[0.0]] * 20, {14: 0, 19: 1}),
+    # moves only every update_interval batches after warm-up
+    (SLOT8, 1, [[3.0]] * 19, {14: 3, 18: 3}),
+])
+def test_slot_follows_sglang_rules(cfg, initial, batches, expected_at) -> None:
+    steps = _run_slot(cfg, initial, batches)
+    for i, k in expected_at.items():
+        assert steps[i] == k, (i, steps)
+
+
+def test_zero_step_slot_resets_a_negative_ema_when_it_probes() -> None:
+    s = ema_tiers.init_slot(0, SLOT8)  # steps 0, ema -1
+    assert (s.steps, s.ema) == (0, -1.0)
+    for _ in range(15):
+        s = ema_tiers.update_slot(s, SLOT8, [0.0])
+    assert (s.steps, s.ema) == (1, 0.0)
+
+
+@pytest.mark.parametrize(("k_max", "slot1"), [(8, (1, 3, 5, 7)), (4, (1, 3, 4)), (2, (1, 2)), (1, (1,))])
+def test_candidates_are_clamped_to_the_engine_k_max(k_max, slot1) -> None:
+    assert ema_tiers.clamp_slots(ema_tiers.DEFAULT_SLOTS, k_max)[1].candidate_steps == slot1
+
+
+def test_update_touches_only_the_routed_slot() -> None:
+    state = ema_tiers.init_state(3)
+    new = ema_tiers.update(state, ema_tiers.DEFAULT_SLOTS, 8, [2.0])
+    assert new.slots[1] == state.slots[1]
+    assert new.slots[8].count == 1 and new.slots[8] != state.slots[8]
+    assert ema_tiers.update(state, ema_tiers.DEFAULT_SLOTS, 8, []) is state
+
+
+# --- token traces ------------------------------------------------------------------------------------------------
+def repeat_last(tokens: np.ndarray, k: int) -> list[int]:
+    """Proposes the last token k times (prefix-consistent)."""
+    return [int(tokens[-1])] * k
+
+
+TRACE = whatif.RequestTrace("c", (1, 2, 3), (5, 5, 5, 5, 5, 5, 6))
+
+
+@pytest.mark.parametrize(("k", "steps", "drafted"), [
+    (0, 6, 0),  # plain decoding: one token per step after the prefill token
+    (1, 3, 3),  # 5|5 5|5 5|5 -> three steps each accepting its single draft
+    (2, 2, 4),  # accepts 2 then 2 (5,5 ; 5,5) plus a bonus token each
+    (4, 2, 8),  # step 1: 5555 accepted -> pos 6; step 2: proposes 5555 vs [6] -> rejected at once
+    (8, 1, 8),  # one step: five of the eight drafts accepted, the bonus token is the final 6
+])
+def test_score_request_counts_steps_and_drafts(k, steps, drafted) -> None:
+    assert whatif.score_request(TRACE, repeat_last, [k], 8)[k] == (steps, drafted)
+
+
+def test_trace_profiles_pool_tokens_over_steps_per_category() -> None:
+    traces = [TRACE, whatif.RequestTrace("c", (9,), (7, 8)), whatif.RequestTrace("d", (1,), (2,))]
+    prof = whatif.trace_profiles(traces, {"rep": repeat_last}, [1, 2])
+    # category c at k=2: (6 + 1) decode tokens over (2 + 1) steps; the 1-token request has nothing to decode
+    assert prof["c"][("rep", 2)].e == pytest.approx(7 / 3)
+    assert prof["c"][("rep", 2)].d == pytest.approx((4 + 2) / 3)
+    assert "d" not in prof
+
+
+def test_trace_histograms_lists_drafted_and_accepted_per_step() -> None:
+    assert whatif.trace_histograms(TRACE, repeat_last, 4) == [(4, 4), (4, 0)]
+
+
+# --- the estimate ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("e", "d", "batch", "prefill", "base", "per_token"), [
+    (1.0, 0.0, 1, 0, 1e-3, 1e-4),
+    (2.0, 2.0, 1, 0, 1e-3, 1e-4),
+    (2.0, 2.0, 8, 800, 1e-3, 1e-4),
+    (3.0, 8.0, 4, 100, 2e-3, 5e-5),
+])
+def test_estimate_matches_the_closed_form(e, d, batch, prefill, base, per_token) -> None:
+    work = whatif.Workload({"c": 1000.0}, float(prefill), float(batch), 0, 0.0)
+    choice = {"c": whatif.Profile("ngram", 4, e, d, "trace")}
+    got = whatif.estimate(work, choice, linear_cost(base, per_token))
+    steps = 1000.0 / e / batch
+    tokens = (prefill + 1000.0 / e * (1 + d)) / steps
+    t = base + per_token * tokens
+    assert got.goodput == pytest.approx(1000.0 / (steps * t))
+    assert got.per_category["c"] == pytest.approx(e / t)
+
+
+def test_a_category_that_speeds_up_takes_fewer_slots() -> None:
+    """Closed loop: doubling E of one category halves its request steps, so it weighs less in the batch."""
+    work = whatif.Workload({"a": 100.0, "b": 100.0}, 0.0, 2.0, 0, 0.0)
+    load = whatif.step_load(work, {"a": whatif.Profile("ngram", 1, 2.0, 1.0, "trace")})
+    assert load.request_steps == {"a": 50.0, "b": 100.0}
+    assert load.steps == pytest.approx(75.0)
+
+
+def test_best_static_beats_every_uniform_choice() -> None:
+    work = whatif.Workload({"copy": 500.0, "chat": 500.0}, 0.0, 8.0, 0, 0.0)
+    profiles = {c: {("ngram", k): whatif.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
+                    for k in range(1, 5)} for c, b in (("copy", 0.9), ("chat", 0.1))}
+    cost = linear_cost(1e-3, 2e-4)
+    best = whatif.best_static(work, profiles, cost)
+    g_best = whatif.estimate(work, best, cost).goodput
+    for k in range(1, 5):
+        assert g_best >= whatif.estimate(work, whatif.uniform(work, profiles, "ngram", k), cost).goodput
+    assert best["chat"].k < best["copy"].k
+
+
+def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
+    """Recorded k=2 drafts all accepted, tier k=3: 2 + beta_3 expected; rejected ones stay as recorded."""
+    steps = [StepRecord(t=i * 0.01, wall_s=0.01, batch_size=1, scheduled_tokens=3, draft_tokens=2,
+                        categories=[CategoryStep(category="c", method="ngram", requests=1,
+                                                 hists=[DraftHistogram(k=2, accepted=[0, 0, 1])])])
+             for i in range(30)]
+    batch = TelemetryBatch(engine_id="e", boot_id="b", model_name="m", seq=0, sent_at=0.0, spec=NGRAM_SPEC,
+                           steps=steps)
+    slots = {1: ema_tiers.SlotConfig((3,), warmup_batches=0, update_interval=1)}
+    counts = whatif.ema_tier_steps([batch], {"c": np.array([1.0, 1.0, 0.5])}, 8, 3, slots)
+    assert counts == {3: 30}
+
+
+# --- replay end to end ---------------------------------------------------------------------------------------------
+def _batches(n_batches: int = 30) -> list[TelemetryBatch]:
+    """Two categories on an n-gram engine at k=4 (code accepts, chat does not); step time linear in tokens."""
+    out = []
+    for seq in range(n_batches):
+        steps = []
+        for i in range(20):
+            cats = []
+            for name, beta in (("code", 0.85), ("chat", 0.05)):
+                counts = length_counts([beta] * 4, 4, 8)
+                cats.append(CategoryStep(category=name, method="ngram", requests=8,
+                                         hists=[DraftHistogram(k=4, accepted=counts)],
+                                         counterfactual={"suffix": [DraftHistogram(k=8, accepted=length_counts(
+                                             [beta] * 8, 8, 8))]}))
+            tokens = 16 + 16 * 4
+            steps.append(StepRecord(t=seq + i * 0.01, wall_s=0.9e-3 + 75e-6 * tokens, batch_size=16,
+                                    scheduled_tokens=tokens, draft_tokens=64, categories=cats))
+        out.append(TelemetryBatch(engine_id="e1", boot_id="b1", model_name="m", seq=seq, sent_at=1000.0 + seq * 0.5,
+                                  spec=NGRAM_SPEC, steps=steps))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return replay.replay(_batches(), policies=replay.DEFAULT_POLICIES, timeline=True)
+
+
+def test_replay_lists_every_policy_with_a_choice_per_category(report) -> None:
+    pol = report["policies"]
+    assert set(pol) == {"off", "recorded", "k=1", "k=2", "k=3", "k=4", "k=6", "k=8", "goodput", "ema_tiers", "oracle"}
+    assert pol["off"]["vs_off"] == pytest.approx(1.0)
+    for name in ("k=4", "goodput", "oracle"):
+        assert set(pol[name]["choice"]) == {"code", "chat"}
+
+
+def test_oracle_is_at_least_every_static_row_and_the_goodput_policy(report) -> None:
+    pol = report["policies"]
+    for name, row in pol.items():
+        assert pol["oracle"]["goodput"] >= row["goodput"] * (1 - 1e-9), name
+
+
+def test_goodput_policy_drafts_for_the_predictable_category_only(report) -> None:
+    choice = report["policies"]["goodput"]["choice"]
+    assert choice["code"]["k"] >= 1
+    assert choice["chat"]["k"] == 0
+    assert report["policies"]["goodput"]["timeline"], "the decision along the recording is listed"
+
+
+def test_recorded_row_prices_what_ran_close_to_the_measured_goodput(report) -> None:
+    """The cost fit reproduces the recorded step times, so the recorded row matches the measurement."""
+    assert report["policies"]["recorded"]["goodput"] == pytest.approx(report["measured_goodput"], rel=0.05)
+
+
+def test_ema_tiers_row_reports_its_time_at_each_k(report) -> None:
+    mix = report["policies"]["ema_tiers"]["steps_at_k"]
+    assert sum(mix.values()) == pytest.approx(1.0, abs=1e-3)
+    assert set(mix) <= {"0", "1", "3"}  # batch 16 routes to slot 8: candidates 0/1/3
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"policies": ["nonsense"]}, "unknown policy"),
+    ({"preset": "tpu"}, "unknown cost preset"),
+])
+def test_replay_rejects_bad_options(kwargs, message) -> None:
+    with pytest.raises(replay.ReplayError, match=message):
+        replay.replay(_batches(2), **kwargs)
+
+
+@pytest.mark.parametrize(("lines", "message"), [
+    (["{}"], "telemetry:1: not a TelemetryBatch"),
+    (["", "not json"], "telemetry:2: not a TelemetryBatch"),
+])
+def test_parse_telemetry_names_the_bad_line(lines, message) -> None:
+    with pytest.raises(replay.ReplayError, match=message):
+        replay.parse_telemetry(lines)
+
+
+@pytest.mark.parametrize(("line", "ok"), [
+    ('{"category": "c", "prompt_token_ids": [1, 2], "output_token_ids": [3]}', True),
+    ('{"category": "c", "prompt_token_ids": [1, 2]}', False),
+    ('{"category": "c", "prompt_token_ids": ["x"], "output_token_ids": [3]}', False),
+])
+def test_parse_requests(line, ok) -> None:
+    if ok:
+        assert replay.parse_requests([line]) == [whatif.RequestTrace("c", (1, 2), (3,))]
+    else:
+        with pytest.raises(replay.ReplayError, match="requests:1"):
+            replay.parse_requests([line])
+
+
+def test_select_model_asks_to_choose_among_several() -> None:
+    a = _batches(1)[0]
+    b = a.model_copy(update={"model_name": "other"})
+    with pytest.raises(replay.ReplayError, match="--model"):
+        replay.select_model([a, b], None)
+    assert replay.select_model([a, b], "other") == [b]
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------------------
+def test_main_prints_the_report_and_writes_json(tmp_path: Path, capsys) -> None:
+    tel = tmp_path / "telemetry.jsonl"
+    tel.write_text("\n".join(b.model_dump_json() for b in _batches(5)) + "\n")
+    req = tmp_path / "requests.jsonl"
+    req.write_text(json.dumps({"category": "code", "prompt_token_ids": [1, 2, 3, 1, 2, 3],
+                               "output_token_ids": [1, 2, 3, 1, 2, 3, 4]}) + "\n")
+    out = tmp_path / "report.json"
+    code = replay.main([str(tel), "--requests", str(req), "--engine-ngram", "patch", "--policies", "off,static,oracle",
+                        "--ks", "1,2", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "oracle" in printed and "k=2" in printed and "code" in printed
+    data = json.loads(out.read_text())
+    assert data["requests_scored"] == 1
+    assert "trace" in data["profile_sources"]["code"]
+
+
+@pytest.mark.parametrize(("setup", "expected"), [
+    ("missing", 2),
+    ("bad line", 2),
+])
+def test_main_fails_cleanly(tmp_path: Path, setup, expected, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    if setup == "bad line":
+        path.write_text("{\"protocol\": 1}\n")
+    assert replay.main([str(path)]) == expected
+    assert "specctl replay:" in capsys.readouterr().err
