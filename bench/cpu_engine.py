@@ -42,16 +42,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from bench.cpu import engines, measure, oracle, report, traces  # noqa: E402
-from bench.cpu.driver import Phase, run_phase  # noqa: E402
-from bench.cpu.workload import bench_workload, key  # noqa: E402
-from controller.core import replay as replay_core  # noqa: E402
-from controller.core import whatif  # noqa: E402
-from tests.support import controller_api  # noqa: E402
-from tests.support.specctl_serve import ADMIN_TOKEN  # noqa: E402
-from tests.support.workload import CATEGORIES  # noqa: E402
+from bench.cpu import engines, measure, oracle, report, traces
+from bench.cpu.driver import Phase, run_phase
+from bench.cpu.workload import bench_workload, key
+from controller.core import replay as replay_core
+from controller.core import whatif
+from tests.support import controller_api
+from tests.support.specctl_serve import ADMIN_TOKEN
+from tests.support.workload import CATEGORIES
 
 RESULTS = ROOT / "bench" / "results"
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -65,8 +65,10 @@ class Bench:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.concurrencies = [int(c) for c in args.concurrency.split(",")]
         self.prompts = bench_workload(args.per_category)
+        n_c1 = args.per_category_c1 * len(CATEGORIES)  # the interleaved order: a prefix has every category
         exclude = {key(p) for p in self.prompts}
         self.warm = bench_workload(args.warmup_per_category, seed=1, exclude=exclude)
+        self.by_c = {c: (self.prompts[:n_c1] if c == 1 else self.prompts) for c in self.concurrencies}
         self.runs: dict[str, dict] = {}
         self.records: dict[str, dict[int, Phase]] = {}
         self.margins: dict[str, list[tuple[float, float]]] = {}
@@ -117,7 +119,7 @@ class Bench:
         if st.proxy is not None:
             st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_c{c}.jsonl")
         cpu0, load0 = st.cpu_seconds(), measure.load_avg()
-        phase = run_phase(st.engine.url, self.prompts, c, desc=f"{name} c={c}")
+        phase = run_phase(st.engine.url, self.by_c[c], c, desc=f"{name} c={c}")
         cpu1, load1 = st.cpu_seconds(), measure.load_avg()
         if st.proxy is not None:
             st.proxy.record_to(None)
@@ -318,8 +320,12 @@ def _slug(name: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 prompts per category, 1 warm-up prompt per category")
-    ap.add_argument("--per-category", type=int, default=22, help="measured prompts per category (full mode)")
-    ap.add_argument("--warmup-per-category", type=int, default=3)
+    ap.add_argument("--per-category", type=int, default=None,
+                    help="measured prompts per category at the highest concurrency (default 22; --quick 2)")
+    ap.add_argument("--per-category-c1", type=int, default=None,
+                    help="measured prompts per category at concurrency 1 (default 8; --quick 2): one request at a "
+                         "time is slow on a shared 2-core machine")
+    ap.add_argument("--warmup-per-category", type=int, default=None, help="warm-up prompts per category (3; --quick 1)")
     ap.add_argument("--concurrency", default="8,1", help="measured concurrencies, in run order")
     ap.add_argument("--ks", default=",".join(map(str, FIXED_KS)))
     ap.add_argument("--only", default="", help="comma-separated configurations to run (development)")
@@ -333,8 +339,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", default=str(RESULTS / "tmp" / "cpu_engine"))
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
+    full, quick = (22, 8, 3), (2, 2, 1)
+    defaults = quick if a.quick else full
+    a.per_category = a.per_category or defaults[0]
+    a.per_category_c1 = min(a.per_category_c1 or defaults[1], a.per_category)
+    a.warmup_per_category = a.warmup_per_category or defaults[2]
     if a.quick:
-        a.per_category, a.warmup_per_category, a.repeat_reference = 2, 1, False
+        a.repeat_reference = False
     a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
     return a
 
@@ -348,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     rat = {c: report.ratios(bench.runs, c, bench.oracle_name(int(c))) for c in cs}
     out = {
         "benchmark": "specctl CPU engine (vLLM 0.32 CPU, SmolLM2-135M-Instruct, n-gram)",
-        "settings": {"per_category": args.per_category, "warmup_per_category": args.warmup_per_category,
+        "settings": {"per_category": args.per_category, "per_category_c1": args.per_category_c1,
+                     "warmup_per_category": args.warmup_per_category,
                      "prompts": len(bench.prompts), "categories": list(CATEGORIES), "concurrency": bench.concurrencies,
                      "fixed_ks": args.ks, "quick": args.quick, "k_max_patched": engines.K_MAX, "omp_bind": args.omp_bind,
                      "engine": "float32, enforce-eager, prefix caching off, KV cache 1 GiB, seed 0, n-gram lookup 2..4",

@@ -40,7 +40,7 @@ class EmaOverrideDriver:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._thread = threading.Thread(target=self._apply_loop, name="ema-overrides", daemon=True)
 
-    def start(self) -> "EmaOverrideDriver":
+    def start(self) -> EmaOverrideDriver:
         self._thread.start()
         self._push(self.state.steps_for_batch(1))
         return self

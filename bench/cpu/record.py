@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 import httpx
 import uvicorn
@@ -64,7 +64,7 @@ class RecordingProxy:
             self._sink = None
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._sink = open(path, "a", encoding="utf-8")
+                self._sink = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across posts, closed here
 
     def _write(self, batch: dict) -> None:
         with self._lock:
@@ -108,7 +108,7 @@ class RecordingProxy:
                          on_startup=[startup], on_shutdown=[shutdown])
 
     # -- lifecycle ----------------------------------------------------------------------------------------
-    def start(self, timeout_s: float = 15.0) -> "RecordingProxy":
+    def start(self, timeout_s: float = 15.0) -> Self:
         config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", access_log=False,
                                 lifespan="on")
         self._server = uvicorn.Server(config)
@@ -128,7 +128,7 @@ class RecordingProxy:
             self._thread.join(10.0)
         self.record_to(None)
 
-    def __enter__(self) -> "RecordingProxy":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

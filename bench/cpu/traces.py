@@ -37,9 +37,8 @@ def request_traces(records: Iterable[Record]) -> list[whatif.RequestTrace]:
 def write_request_traces(path: Path, traces: Sequence[whatif.RequestTrace]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for t in traces:
-            f.write(json.dumps({"category": t.category, "prompt_token_ids": list(t.prompt),
-                                "output_token_ids": list(t.output)}, separators=(",", ":")) + "\n")
+        f.writelines(json.dumps({"category": t.category, "prompt_token_ids": list(t.prompt),
+                                "output_token_ids": list(t.output)}, separators=(",", ":")) + "\n" for t in traces)
 
 
 def _add(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
@@ -129,7 +128,7 @@ def sim_trace(static_records: Sequence[Record], traces: Sequence[whatif.RequestT
     for c in sorted(counts):
         cats.append({
             "name": c, "share": round(counts[c] / total, 6),
-            "output_tokens": int(round(sum(out_len[c]) / len(out_len[c]))),
+            "output_tokens": round(sum(out_len[c]) / len(out_len[c])),
             "heterogeneity": hetero.get(c, 0.0),
             "hists": {"engine": _wire(engine.get(c, {})), "suffix": _wire(scored.get(c, {}))},
             "conditional_acceptance_info": {"engine": conditional(engine.get(c, {}), k_max),
@@ -138,6 +137,6 @@ def sim_trace(static_records: Sequence[Record], traces: Sequence[whatif.RequestT
     return {
         "format": FORMAT, "name": "cpu-smollm2-mixed", "source": source,
         "engine": {"method": "ngram", "k_max": k_max, "model_free_methods": ["suffix"]},
-        "prompt_tokens": int(round(sum(prompt_len) / max(len(prompt_len), 1))),
+        "prompt_tokens": round(sum(prompt_len) / max(len(prompt_len), 1)),
         "categories": cats,
     }

@@ -1,11 +1,11 @@
-"""The benchmark's mixed workload: tests/support/workload.py's prompts, made distinct.
+"""The benchmark's mixed workload: tests/support/workload.py's prompts, made distinct and larger.
 
 ``build_workload`` draws each category's prompt from a handful of templates, so at benchmark sizes most
-prompts repeat (identical greedy outputs, whole-prompt prefix-cache hits), which would make the benchmark
-measure fewer distinct requests than it sends. :func:`bench_workload` keeps the first occurrence of every
-prompt of ``build_workload`` and replaces each repeat by a variant of the same category built from the
-larger pools below (same request shape: the same explicit/derived category, ``response_format``, tools and
-``max_tokens``). Deterministic for a given (per_category, seed).
+prompts repeat (identical greedy outputs), and the benchmark would measure fewer distinct requests than it
+sends. :func:`bench_workload` keeps every distinct prompt of ``build_workload`` and fills each category up
+with variants built from the larger pools below -- same category, same request shape (explicit or derived
+category, ``response_format``, tools) and the same ``max_tokens`` -- so every prompt is distinct.
+``exclude`` keeps a warm-up set disjoint from the measured one. Deterministic for given arguments.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ TASKS = ["sorts a list of tuples by their second element", "flattens a nested li
 SNIPPETS = [
     ("def greet(name):\n    print('Hello, ' + name)\n\n\ndef bye(name):\n    print('Bye, ' + name)\n",
      "Change both functions to return the string instead of printing it. Return the whole file."),
-    ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
-     "        self.items.append(x)\n",
+    (("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n        "
+      "self.items.append(x)\n"),
      "Add pop and peek methods that raise IndexError on an empty stack. Return the whole class."),
     ("total = 0\nfor n in numbers:\n    if n > 0:\n        total += n\nprint(total)\n",
      "Turn this into a function sum_positive(numbers) that returns the total. Keep the logic."),
@@ -53,24 +53,24 @@ SNIPPETS = [
      "Rewrite the loop with enumerate and print the names capitalised. Return the whole snippet."),
 ]
 PASSAGES = [
-    "The town library will extend its opening hours from next month. It will open at eight in the morning "
-    "and close at ten at night on weekdays. The change follows a survey in which most residents asked for "
-    "later hours. Extra staff will be hired, and the reading room will get new lamps and more power outlets.",
-    "Honeybees communicate through a waggle dance. A bee that found food returns to the hive and moves in a "
-    "figure-eight pattern. The angle of the dance shows the direction of the food relative to the sun, and "
-    "the length of the waggle shows the distance. Other bees follow the dance and then fly to the food.",
-    "The regional train company announced new night trains between the capital and the coast. The trains "
-    "will run three times a week in summer and once a week in winter. Each train has sleeping cars and a "
-    "small restaurant. Tickets go on sale in April, and children under twelve travel at half price.",
-    "A volcano is an opening in the Earth's crust through which molten rock, ash and gases escape. When "
-    "pressure from gases in the magma builds up, an eruption can occur. Some volcanoes erupt explosively, "
-    "while others release lava slowly. Scientists monitor earthquakes and gas emissions to predict eruptions.",
-    "The school board approved a plan to plant two hundred trees around its buildings. Students will help "
-    "with the planting on two Saturdays in October. The trees will give shade in summer and reduce noise from "
-    "the road. Local nurseries donated half of the trees, and the rest will be paid for by a parents' fund.",
-    "Recycling turns used materials into new products. Paper is pulped and pressed into new sheets, glass is "
-    "melted and reshaped, and metals are melted and cast again. Recycling saves energy and raw materials, but "
-    "only works well when people sort their waste correctly and avoid putting food in recycling bins.",
+    ("The town library will extend its opening hours from next month. It will open at eight in the morning "
+     "and close at ten at night on weekdays. The change follows a survey in which most residents asked for "
+     "later hours. Extra staff will be hired, and the reading room will get new lamps and more power outlets."),
+    ("Honeybees communicate through a waggle dance. A bee that found food returns to the hive and moves in a "
+     "figure-eight pattern. The angle of the dance shows the direction of the food relative to the sun, and "
+     "the length of the waggle shows the distance. Other bees follow the dance and then fly to the food."),
+    ("The regional train company announced new night trains between the capital and the coast. The trains "
+     "will run three times a week in summer and once a week in winter. Each train has sleeping cars and a "
+     "small restaurant. Tickets go on sale in April, and children under twelve travel at half price."),
+    ("A volcano is an opening in the Earth's crust through which molten rock, ash and gases escape. When "
+     "pressure from gases in the magma builds up, an eruption can occur. Some volcanoes erupt explosively, "
+     "while others release lava slowly. Scientists monitor earthquakes and gas emissions to predict eruptions."),
+    ("The school board approved a plan to plant two hundred trees around its buildings. Students will help "
+     "with the planting on two Saturdays in October. The trees will give shade in summer and reduce noise from "
+     "the road. Local nurseries donated half of the trees, and the rest will be paid for by a parents' fund."),
+    ("Recycling turns used materials into new products. Paper is pulped and pressed into new sheets, glass is "
+     "melted and reshaped, and metals are melted and cast again. Recycling saves energy and raw materials, but "
+     "only works well when people sort their waste correctly and avoid putting food in recycling bins."),
 ]
 CITIES = ["Lisbon", "Oslo", "Accra", "Vienna", "Lima", "Cairo", "Stockholm", "Pune", "Dublin", "Seville",
           "Helsinki", "Amman", "Chennai", "Prague", "Taipei", "Beirut"]

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controller.protocol import MAX_K
-
 
 class LearnerSettings(BaseSettings):
     """How telemetry turns into learned acceptance and cost estimates."""
@@ -136,7 +134,3 @@ class BrainConfig:
 
     learner: LearnerSettings = field(default_factory=LearnerSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
-
-    @property
-    def k_cap(self) -> int:
-        return MAX_K

@@ -17,6 +17,8 @@ Learning: the coefficients are a ridge-regularised least-squares fit over step t
 forgetting, pulled toward a cold-start preset (``prior_strength`` pseudo-steps): directions the engine's
 traffic never excites (a batch size never seen, a depth never used) keep the preset's value. The knee is
 a preset constant (it is not identifiable from a steady workload). Coefficients are kept non-negative.
+Each step's time is capped at 4x its batch's median ratio to the preset, so a GC pause cannot drag the
+fit, and merging stays independent of the order batches arrive in.
 
 Presets (derivations in docs/policy.md and bench/sim/fit_presets.py):
   * ``h200``: fitted to 40 vLLM 0.26 runs on one H200 (Llama-3-8B-shaped target, 4-layer draft model,

@@ -243,14 +243,14 @@ def format_report(report: dict) -> str:
     cats = sorted(report["committed_tokens"])
     pol = report["policies"]
     eng = report["engine"]
-    head = [f"model {report['model']}: engine drafter {eng['method']} k_max {eng['k_max']}, "
+    head = (f"model {report['model']}: engine drafter {eng['method']} k_max {eng['k_max']}, "
             f"{report['steps']} steps, batch {report['batch_size']:.2f} (recorded {report['recorded_batch_size']:.2f}), "
-            f"measured {report['measured_goodput']:.1f} tok/s of step time; cost preset {report['cost_preset']}"]
+            f"measured {report['measured_goodput']:.1f} tok/s of step time; cost preset {report['cost_preset']}")
     rows = []
     for name, r in pol.items():
         rows.append([name, f"{r['goodput']:.1f}", f"{r['vs_off']:.3f}" if r["vs_off"] else "-", f"{r['step_ms']:.2f}"]
                     + [f"{r['per_category_vs_off'].get(c, 0):.2f}" for c in cats])
-    out = ["\n".join(head), "", "estimated goodput (tok/s), and per category tokens/s of one request vs off:",
+    out = [head, "", "estimated goodput (tok/s), and per category tokens/s of one request vs off:",
            _table(rows, ["policy", "tok/s", "vs off", "step ms", *cats]), "", "choice per category (drafter:k):"]
     rows = []
     for name, r in pol.items():

@@ -165,15 +165,16 @@ class TimedResult:
 
 
 class ContinuousLoad:
-    """``concurrency`` clients, each sending the workload's prompts one after another until stopped.
+    """One client per prompt list, each sending its prompts one after another until stopped.
 
-    No round barrier: the engine always has ``concurrency`` requests in flight (steady drafting, so the
+    No round barrier: the engine always has one request per client in flight (steady drafting, so the
     counters show what the engine applies at any moment). Pausable: :meth:`pause` returns once no request
     is in flight.
     """
 
-    def __init__(self, url: str, prompts: list[Prompt], concurrency: int = 4):
-        self.url, self.prompts, self.concurrency = url, prompts, concurrency
+    def __init__(self, url: str, prompts_per_client: list[list[Prompt]]):
+        self.url, self.prompts_per_client = url, prompts_per_client
+        concurrency = len(prompts_per_client)
         self.results: list[TimedResult] = []
         self._halt = threading.Event()
         self._running = threading.Event()
@@ -187,7 +188,8 @@ class ContinuousLoad:
             t.start()
 
     def _client(self, index: int) -> None:
-        n = index * len(self.prompts) // self.concurrency  # clients start at different prompts
+        prompts = self.prompts_per_client[index]
+        n = index  # clients start at different prompts
         while not self._halt.is_set():
             if not self._running.wait(0.2):
                 continue
@@ -195,8 +197,7 @@ class ContinuousLoad:
             try:
                 if self._halt.is_set() or not self._running.is_set():
                     continue
-                [result] = run_workload(self.url, [self.prompts[n % len(self.prompts)]], concurrency=1,
-                                        timeout_s=300)
+                [result] = run_workload(self.url, [prompts[n % len(prompts)]], concurrency=1, timeout_s=300)
                 self.results.append(TimedResult(result, time.monotonic()))
                 n += 1
             finally:
@@ -222,6 +223,16 @@ class ContinuousLoad:
 
     def since(self, t: float) -> list[Result]:
         return [x.result for x in list(self.results) if x.finished_at >= t]
+
+
+def step_walls(seen: list, t0: float, t1: float) -> list[float]:
+    """Durations of the engine steps that ended in [t0, t1], from the telemetry the engine posted.
+
+    Each batch is counted once (a retried batch repeats its seq). The engine stamps steps with
+    CLOCK_MONOTONIC, the same clock as this process's ``time.monotonic()``.
+    """
+    by_seq = {s.seq: s for s in seen if s.seq is not None}
+    return [wall for s in by_seq.values() for t, wall in s.step_times if t0 <= t <= t1]
 
 
 def compare(results: list[Result], reference: dict[str, Result]) -> tuple[list[str], list[str]]:

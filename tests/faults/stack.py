@@ -32,6 +32,10 @@ QUEUE_STEPS = 16
 SNAPSHOT_INTERVAL_S = 1.0
 MAX_TOKENS = 32
 CONCURRENCY = 4
+#: Prompts whose answers copy from the prompt (n-gram lookups match almost every step). Two of the four
+#: clients send only these, so the engine drafts continuously and the counters show at any moment which k
+#: it applies; the other two send the whole mix.
+DRAFT_RICH = ("json", "code_edit", "multi_turn")
 
 
 @dataclass
@@ -49,11 +53,16 @@ class FaultSuite:
     def categories(self) -> set[str]:
         return {p.category for p in self.prompts}
 
+    def client_prompts(self) -> list[list[Prompt]]:
+        rich = [p for p in self.prompts if p.category in DRAFT_RICH]
+        return [self.prompts if i % 2 == 0 else rich for i in range(CONCURRENCY)]
+
     def config(self) -> dict:
         return {"k_max": K_MAX, "policy_ttl_s": POLICY_TTL_S, "report_interval_s": REPORT_INTERVAL_S,
                 "backoff_max_s": BACKOFF_MAX_S, "request_timeout_s": REQUEST_TIMEOUT_S,
                 "queue_steps": QUEUE_STEPS, "snapshot_interval_s": SNAPSHOT_INTERVAL_S,
                 "max_tokens": MAX_TOKENS, "concurrency": CONCURRENCY, "prompts": len(self.prompts),
+                "draft_rich_clients": CONCURRENCY // 2, "draft_rich": list(DRAFT_RICH),
                 "cpus": os.cpu_count()}
 
 

@@ -30,6 +30,7 @@ from tests.faults.harness import (
     compare,
     process_name,
     rss_mb,
+    step_walls,
     wait_for_pinned_run,
     wait_for_window,
 )
@@ -56,21 +57,28 @@ WINDOW_SLACK_S = 2.0
 PINNED_RUN = 6
 FALLBACK_BOUND_S = POLICY_TTL_S + WINDOW_SLACK_S
 REATTACH_BOUND_S = BACKOFF_MAX_S + REQUEST_TIMEOUT_S + WINDOW_SLACK_S
-#: A step that waited on a hung post would stall generation for a whole request timeout at every retry.
-#: Allowed: no pause of two request timeouts, at most one pause of about one (a busy shared host).
-STALL_BOUND_S = 2 * REQUEST_TIMEOUT_S
-STALL_NEAR_TIMEOUT_S = 0.9 * REQUEST_TIMEOUT_S
+#: The engine's own step durations (telemetry ``wall_s``, schedule() to update_from_output()) during the
+#: fault: a step that waited on a post to a hung or slow controller would last a whole request timeout.
+STEP_BOUND_S = REQUEST_TIMEOUT_S
+#: Generation seen from outside (vLLM's token counter, 0.2 s samples) must not freeze either; the bound is
+#: loose because other work on a shared 2-core host also pauses it.
+FREEZE_BOUND_S = 3 * REQUEST_TIMEOUT_S
 
 
 def _measure_stall(suite: FaultSuite, report: PhaseReport, t0: float, t1: float) -> None:
-    gaps = suite.sampler.progress_gaps(t0, t1)
-    report.max_progress_gap_s = max(gaps, default=0.0)
-    report.notes["pauses_near_request_timeout"] = sum(g >= STALL_NEAR_TIMEOUT_S for g in gaps)
+    report.max_progress_gap_s = suite.sampler.max_progress_gap(t0, t1)
+    report.notes["stall_window"] = (t0, t1)
 
 
-def _assert_no_stall(report: PhaseReport) -> None:
-    assert report.max_progress_gap_s < STALL_BOUND_S, report
-    assert report.notes["pauses_near_request_timeout"] <= 1, report
+def _assert_no_stall(suite: FaultSuite, report: PhaseReport) -> None:
+    """Call after re-attachment: the steps queued during the fault have been delivered by then."""
+    t0, t1 = report.notes.pop("stall_window")
+    walls = step_walls(suite.proxy.seen_since(t0 - 5.0), t0, t1)
+    report.notes["steps_reported_during_fault"] = len(walls)
+    report.notes["max_step_wall_s"] = max(walls, default=None)
+    assert walls, f"no step of the fault window reached the controller: {report}"
+    assert report.notes["max_step_wall_s"] < STEP_BOUND_S, report
+    assert report.max_progress_gap_s < FREEZE_BOUND_S, report
 
 
 def _override_all(suite: FaultSuite, k: int) -> None:
@@ -154,7 +162,7 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, holds_policy: bool 
         assert report.notes["deepest_mean_k"] <= hostile_k, f"{name}: drafts deeper than k={hostile_k}: {report}"
     assert report.reattach_s is not None and report.reattach_s <= REATTACH_BOUND_S, report
     assert report.pinned_again_s is not None, report
-    _assert_no_stall(report)
+    _assert_no_stall(suite, report)
     return report
 
 
@@ -209,7 +217,7 @@ def test_attaches_and_follows_the_controller(suite):
     _override_all(suite, 1)
     suite.sampler = Sampler(suite.engine.url)
     suite.sampler.start()
-    suite.load = ContinuousLoad(suite.engine.url, suite.prompts, concurrency=CONCURRENCY)
+    suite.load = ContinuousLoad(suite.engine.url, suite.client_prompts())
     report = suite.reports.add(PhaseReport("attach (controller up)"))
     t0 = time.monotonic()
     suite.proxy.set_fault(Fault.PASS)
@@ -316,7 +324,7 @@ def test_controller_restarted_mid_load(suite):
     assert report.reattach_s is not None and report.reattach_s <= REATTACH_BOUND_S
     assert report.pinned_again_s is not None
     _measure_stall(suite, report, t0, ready)
-    _assert_no_stall(report)
+    _assert_no_stall(suite, report)
 
 
 def test_telemetry_queue_overflow(suite):
@@ -358,7 +366,7 @@ def test_telemetry_queue_overflow(suite):
     assert dropped > 0, "the queue never overflowed"
     assert delivered + dropped == produced, report.notes
     assert report.notes["largest_batch_steps"] <= QUEUE_STEPS
-    _assert_no_stall(report)
+    _assert_no_stall(suite, report)
     assert report.reattach_s is not None and report.reattach_s <= REATTACH_BOUND_S
     assert report.mean_k_during is not None and report.mean_k_during > 2  # static config while hung
 

@@ -22,7 +22,7 @@ ACK = {
                "categories": {"code": {"k": 4, "method": "engine", "adapt": {"k_min": 0, "k_max": 4}}}},
 }
 BATCH = {"engine_id": "e1", "seq": 3, "policy_version": 5, "dropped_steps": 7,
-         "steps": [{"draft_tokens": 6, "categories": [
+         "steps": [{"t": 12.5, "wall_s": 0.02, "draft_tokens": 6, "categories": [
              {"category": "code", "hists": [{"k": 2, "accepted": [0, 1, 2]}]}]}]}
 
 
@@ -71,6 +71,7 @@ def test_pass_forwards_and_records_telemetry(proxy):
     [seen] = proxy.seen
     assert (seen.engine_id, seen.seq, seen.policy_version, seen.dropped_steps) == ("e1", 3, 5, 7)
     assert seen.draft_tokens == 6 and seen.draft_tokens_by_category == {"code": 6}
+    assert seen.step_times == ((12.5, 0.02),)
 
 
 @pytest.mark.parametrize("fault", [Fault.REFUSE, Fault.RESET])

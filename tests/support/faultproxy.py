@@ -145,6 +145,9 @@ class TelemetrySeen:
     steps: int
     draft_tokens: int
     draft_tokens_by_category: dict[str, int]
+    #: (t, wall_s) of each step record: engine monotonic clock (CLOCK_MONOTONIC, comparable with the test's
+    #: time.monotonic()) at step end, and the step's duration
+    step_times: tuple[tuple[float, float], ...] = ()
 
 
 def _summarise_telemetry(body: bytes, fault: Fault) -> TelemetrySeen:
@@ -169,6 +172,7 @@ def _summarise_telemetry(body: bytes, fault: Fault) -> TelemetrySeen:
         steps=len(steps),
         draft_tokens=sum(int((s or {}).get("draft_tokens") or 0) for s in steps),
         draft_tokens_by_category=dict(by_category),
+        step_times=tuple((float(st.get("t", 0.0)), float(st.get("wall_s", 0.0))) for st in steps if isinstance(st, dict)),
     )
 
 

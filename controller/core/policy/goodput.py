@@ -26,12 +26,13 @@ single move, else the best single move is made (so goodput rises at every iterat
 category at its deepest option under a model-drafter depth cap x for x in {k_max, k_max/2, 2, 1, 0} (one
 category alone may not pay for a drafting pass that several together would), all off, and the previous
 decision; the best end point wins. "All off" is a start, so the result is never below plain decoding
-under the model.
+under the model (except for a category being measured on the engine's drafter, see min evidence).
 
 Guardrails, applied on top:
-  * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen; a
-    category with no eligible drafter keeps the default (the pooled decision of all categories, or the
-    engine's static config while the pool itself lacks evidence);
+  * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen. A
+    category not yet measured on the engine's own drafter runs it (k >= 1, priced with the pooled profile
+    of all categories) when that takes at most ``explore_window_s``; a category with no eligible drafter
+    keeps the default (the pooled choice, or the engine's static config while the pool lacks evidence);
   * hysteresis: a category leaves its previous decision only if the batch gains more than
     ``hysteresis`` times the category's own goodput (so small categories move too, noise does not);
   * probing: a category at k = 0 has ``probe_rate`` of its requests run at ``probe_k`` with a drafter
@@ -77,7 +78,7 @@ _MAX_ITERS = 200
 
 @dataclass(frozen=True)
 class _Options:
-    """One category's options as arrays (index 0 is always 'off' for a movable category)."""
+    """One category's options as arrays (index 0 is 'off', except while measuring the engine's drafter)."""
 
     k: np.ndarray
     e: np.ndarray
@@ -243,11 +244,18 @@ class _Problem:
 
 # --- guardrails on a found configuration ------------------------------------------------------------------------
 def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: float) -> tuple[np.ndarray, dict]:
+    """Keep the previous decision unless moving gains more than ``h`` of the movers' own goodput.
+
+    First per category (the others at the new decision), then for the movers together: categories share
+    the drafting pass, so several can each look worth moving while the batch as a whole gains next to
+    nothing, and two such configurations would alternate.
+    """
     notes: dict[int, str] = {}
     if previous is None:
         return cfg, notes
     cfg = cfg.copy()
-    for u in np.flatnonzero(pb.movable & (previous != cfg) & (previous >= 0)):
+    known = pb.movable & (previous >= 0)
+    for u in np.flatnonzero(known & (previous != cfg)):
         g_new, _ = pb.goodput(cfg)
         old = cfg.copy()
         old[u] = previous[u]
@@ -257,6 +265,19 @@ def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: f
         if gain < h:
             cfg = old
             notes[int(u)] = f"kept previous (gain {gain:.1%} of own goodput < hysteresis {h:.0%})"
+    movers = np.flatnonzero(known & (previous != cfg))
+    if len(movers) > 1:
+        old = cfg.copy()
+        old[movers] = previous[movers]
+        g_new, _ = pb.goodput(cfg)
+        g_old, t_old = pb.goodput(old)
+        own = float(np.sum(pb.share[movers] * pb.e[movers, previous[movers]])) / t_old
+        gain = (g_new - g_old) / own if own > 0 else 0.0
+        if gain < h:
+            cfg = old
+            for u in movers:
+                notes[int(u)] = (f"kept previous ({len(movers)} categories would move together for "
+                                 f"{gain:.1%} of their goodput < hysteresis {h:.0%})")
     return cfg, notes
 
 
