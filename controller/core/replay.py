@@ -300,7 +300,11 @@ def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngra
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specctl replay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="specctl replay", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="What each policy (recorded, off, static k, goodput, EMA tiers, hindsight oracle) would have "
+                    "done on recorded telemetry, per request category, and the goodput it would get.",
+        epilog="example:\n  specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json")
     p.add_argument("telemetry", nargs="+", type=Path, help="TelemetryBatch JSON lines (one batch per line)")
     p.add_argument("--requests", type=Path, action="append", default=[],
                    help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids}")

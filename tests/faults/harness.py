@@ -26,6 +26,7 @@ _COUNTERS = {
     "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
     "vllm:generation_tokens_total": "gen_tokens",
     "vllm:iteration_tokens_total_count": "iterations",
+    "vllm:num_requests_running": "running",  # a gauge
 }
 
 
@@ -36,6 +37,7 @@ class Sample:
     draft_tokens: float = 0.0
     gen_tokens: float = 0.0
     iterations: float = 0.0
+    running: float = 0.0
 
 
 def parse_counters(text: str, t: float) -> Sample:
@@ -111,6 +113,10 @@ class Sampler(threading.Thread):
                     gaps.append(b.t - last_change)
                 last_change = b.t
         return gaps
+
+    def running_range(self, t0: float, t1: float) -> tuple[float, float] | None:
+        r = [x.running for x in self.snapshot() if t0 <= x.t <= t1]
+        return (min(r), max(r)) if r else None
 
     def max_progress_gap(self, t0: float, t1: float) -> float:
         return max(self.progress_gaps(t0, t1), default=0.0)

@@ -183,6 +183,8 @@ def _observe_fault(suite: FaultSuite, report: PhaseReport, t_fault: float, stati
     report.notes["windows"] = [(round(w.t0 - t_fault, 2), w.drafts, w.draft_tokens)
                                for w in suite.sampler.windows(t_fault - 1.0) if w.t1 <= t_end and w.drafts]
     report.notes["sampler_errors"] = list(suite.sampler.errors[-3:])
+    report.notes["requests_running_min_max"] = suite.sampler.running_range(t_fault, t_end)
+    report.notes["samples"] = len([x for x in suite.sampler.snapshot() if t_fault <= x.t <= t_end])
     return window
 
 

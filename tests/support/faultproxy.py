@@ -63,7 +63,7 @@ class Hostile(enum.StrEnum):
     UNKNOWN_METHOD = "unknown_method"  # well-formed name of a drafter no engine has
     MALFORMED_JSON = "malformed_json"
     WRONG_SHAPE = "wrong_shape"  # valid JSON, not an ack
-    HUGE_PAYLOAD = "huge_payload"  # a policy listing 50 000 categories (~5 MB; the protocol allows 1024)
+    HUGE_PAYLOAD = "huge_payload"  # a policy listing 50 000 categories (~1 MB; the protocol allows 1024)
 
 
 #: What the protocol allows at most for k (controller.protocol.MAX_K); kept literal so this module has no
@@ -244,6 +244,7 @@ class FaultProxy:
         self.fault = Fault.PASS
         self.latency_s = 0.0
         self.hostile = Hostile.K_ABOVE_MAX
+        self._huge_body: bytes | None = None  # built once: generating ~1 MB per request would load the host
         self.stats = ProxyStats()
         self.seen: collections.deque[TelemetrySeen] = collections.deque(maxlen=seen_maxlen)
         self._lock = threading.Lock()
@@ -285,6 +286,8 @@ class FaultProxy:
                   hostile: Hostile | str | None = None) -> None:
         """Switch the fault; takes effect for the next request (and at once for ``refuse``)."""
         fault = Fault(fault)
+        if hostile is not None and Hostile(hostile) is Hostile.HUGE_PAYLOAD and self._huge_body is None:
+            self._huge_body = hostile_body(Hostile.HUGE_PAYLOAD, b"{}")
         with self._lock:
             if latency_s is not None:
                 self.latency_s = float(latency_s)
@@ -385,7 +388,7 @@ class FaultProxy:
         headers = list(upstream_response.headers.multi_items())
         body = upstream_response.content
         if fault is Fault.HOSTILE:
-            body = hostile_body(hostile, body)
+            body = self._huge_body if hostile is Hostile.HUGE_PAYLOAD else hostile_body(hostile, body)
             headers = [(k, v) for k, v in headers if k.lower() not in ("etag", "content-type")]
             headers.append(("content-type", "application/json"))
         return await self._answer(writer, upstream_response.status_code, headers, body)

@@ -21,16 +21,29 @@ class FakeClock:
         return self.t
 
 
+class StepPerf:
+    """A deterministic ``perf_counter_ns``: every call advances 1 µs, so budgets are exact, not timed."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        self.ns += 1_000
+        return self.ns
+
+
 class Rig:
     """A hook wired to a simulated engine whose drafter is right for the first ``correct`` tokens."""
 
     def __init__(self, engine: EngineSpec = NGRAM4, *, async_mode: bool = False, cf_share: float = 0.0,
                  correct: dict[str, int] | None = None, max_categories: int = 24) -> None:
         self.clock = FakeClock()
+        self.perf = StepPerf()
         self.holder = PolicyHolder(engine)
         self.queue = StepQueue(10_000)
         self.hook = SpecHook(engine, self.holder, self.queue, async_mode=async_mode,
-                             counterfactual_share=cf_share, max_categories=max_categories, clock=self.clock)
+                             counterfactual_share=cf_share, max_categories=max_categories, clock=self.clock,
+                             perf_ns=self.perf)
         self.scripts: dict[str, list[int]] = {}
         self.sim = SimEngine(self.hook, engine.k_max, None, self.scripts)
         correct = correct or {}

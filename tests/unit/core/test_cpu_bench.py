@@ -1,0 +1,201 @@
+"""The CPU engine benchmark's own machinery (bench/cpu): workload, measurement, equality, traces, oracle, EMA driver."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.cpu import measure, oracle, report, traces
+from bench.cpu.driver import Phase, Record
+from bench.cpu.ema_driver import EmaOverrideDriver
+from bench.cpu.workload import bench_workload, key
+from controller.core import whatif
+from controller.core.cost import CostCoefficients
+from tests.support.workload import CATEGORIES, build_workload
+
+
+# --- workload ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("per_category", [1, 2, 22])
+def test_bench_workload_is_distinct_interleaved_and_keeps_request_shapes(per_category) -> None:
+    prompts = bench_workload(per_category)
+    assert len(prompts) == per_category * len(CATEGORIES)
+    assert len({key(p) for p in prompts}) == len(prompts)
+    assert [p.category for p in prompts[: len(CATEGORIES)]] == list(CATEGORIES)
+    shape = {p.category: (p.explicit_category, sorted(p.extra), p.max_tokens) for p in build_workload(1)}
+    for p in prompts:
+        assert (p.explicit_category, sorted(p.extra), p.max_tokens) == shape[p.category]
+
+
+def test_warm_up_set_is_disjoint_from_the_measured_set() -> None:
+    measured = bench_workload(22)
+    warm = bench_workload(3, seed=1, exclude={key(p) for p in measured})
+    assert not {key(p) for p in warm} & {key(p) for p in measured}
+
+
+def test_bench_workload_is_deterministic() -> None:
+    assert [key(p) for p in bench_workload(5)] == [key(p) for p in bench_workload(5)]
+
+
+# --- measurement -----------------------------------------------------------------------------------------------
+def rec(pid: str, cat: str, tokens: list[int], start: float, end: float, status: int = 200, **kw) -> Record:
+    return Record(pid, cat, status, start, end, token_ids=tokens, **kw)
+
+
+def test_summary_goodput_overall_and_per_category() -> None:
+    phase = Phase(2, [rec("a", "x", [1] * 10, 0.0, 2.0), rec("b", "y", [1] * 30, 0.0, 3.0),
+                      rec("c", "x", [1] * 10, 2.0, 4.0), rec("d", "y", [], 3.0, 4.0, status=500)], 0.0, 4.0)
+    s = measure.summarise(phase)
+    assert s.goodput == pytest.approx(50 / 4.0)
+    assert s.per_category == {"x": pytest.approx(20 / 4.0), "y": pytest.approx(30 / 3.0)}
+    assert (s.requests, s.failed) == (4, 1)
+
+
+@pytest.mark.parametrize(("ref", "got", "position"), [
+    ([1, 2, 3], [1, 2, 3], None),
+    ([1, 2, 3], [1, 9, 3], 1),
+    ([1, 2, 3], [1, 2], 2),  # a shorter output differs where it stops
+    ([1, 2], [1, 2, 3], 2),
+])
+def test_mismatches_report_the_first_differing_position(ref, got, position) -> None:
+    margins = {"p": [(-0.1, -3.0), (-0.5, -0.5004), (-0.2, -2.0)]}
+    mm = measure.mismatches([rec("p", "c", ref, 0, 1)], [rec("p", "c", got, 0, 1)], margins)
+    if position is None:
+        assert mm == []
+    else:
+        assert [m.position for m in mm] == [position]
+        expected = margins["p"][position][0] - margins["p"][position][1] if position < 3 else None
+        assert mm[0].margin == (pytest.approx(expected) if expected is not None else None)
+
+
+# --- traces ------------------------------------------------------------------------------------------------------
+def spec(drafted: list[int], accepted: list[int]) -> dict:
+    return {"per_step_drafted": drafted, "per_step_accepted": accepted}
+
+
+def test_engine_histograms_bucket_every_verify_step_by_drafted_length() -> None:
+    records = [rec("a", "c", [1], 0, 1, spec=spec([4, 4, 2], [4, 1, 0])), rec("b", "c", [1], 0, 1, spec=None)]
+    assert traces.engine_histograms(records) == {"c": {4: [0, 1, 0, 0, 1], 2: [1, 0, 0]}}
+
+
+@pytest.mark.parametrize(("hists", "expected"), [
+    ({2: [0, 0, 10]}, [1.0, 1.0, 0.0]),  # never reached position 3
+    ({2: [5, 5, 0]}, [0.5, 0.0, 0.0]),
+    ({1: [2, 2], 3: [0, 4, 0, 4]}, [0.8333, 0.5, 1.0]),
+])
+def test_conditional_acceptance_per_position(hists, expected) -> None:
+    assert traces.conditional(hists, 3) == expected
+
+
+def test_heterogeneity_is_zero_for_identical_requests_and_positive_for_spread() -> None:
+    same = [rec(str(i), "c", [1], 0, 1, spec=spec([2] * 40, [1, 0] * 20)) for i in range(6)]
+    spread = [rec(str(i), "d", [1], 0, 1, spec=spec([2] * 40, [1] * (4 * i) + [0] * (40 - 4 * i)))
+              for i in range(1, 9)]
+    h = traces.heterogeneity(same + spread)
+    assert h["c"] == 0.0
+    assert h["d"] > 0.5
+
+
+def test_sim_trace_is_loadable_by_the_simulator(tmp_path) -> None:
+    from bench.sim.profiles import load
+
+    records = [rec("a", "code", [5, 5, 5, 5], 0, 1, spec=spec([3, 3], [3, 0]), prompt_token_ids=[1, 5, 5]),
+               rec("b", "prose", [7, 8, 9], 0, 1, spec=spec([2], [0]), prompt_token_ids=[1, 2])]
+    trs = traces.request_traces(records)
+    doc = traces.sim_trace(records, trs, lambda t, k: [int(t[-1])] * k, 4, "unit test")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    trace = load(path)
+    assert [c.name for c in trace.categories] == ["code", "prose"]
+    assert trace.engine_method == "ngram" and trace.model_free_methods == ("suffix",)
+    code, prose = trace.categories
+    # the simulator reads the histograms with the controller's estimator (prior mean 0.5, weight 1)
+    assert code.betas["engine"][0] == pytest.approx(0.5)  # 1 of 2 first drafts accepted
+    assert prose.betas["engine"][0] == pytest.approx(0.25)  # 0 of 1
+
+
+def test_request_traces_round_trip(tmp_path) -> None:
+    from controller.core.replay import parse_requests
+
+    trs = traces.request_traces([rec("a", "c", [4, 5], 0, 1, prompt_token_ids=[1, 2]), rec("b", "c", [], 0, 1)])
+    path = tmp_path / "r.jsonl"
+    traces.write_request_traces(path, trs)
+    assert parse_requests(path.read_text().splitlines()) == trs
+
+
+# --- oracle --------------------------------------------------------------------------------------------------------
+def test_measured_argmax_picks_each_category_s_best_static_run() -> None:
+    per = {"no_spec": {"a": 10.0, "b": 10.0}, "k=2": {"a": 15.0, "b": 9.0}, "k=4": {"a": 14.0, "b": 8.0},
+           "specctl": {"a": 99.0, "b": 99.0}}
+    assert oracle.measured_argmax(per) == {"a": (2, "ngram"), "b": (0, "off")}
+
+
+def test_fit_cost_recovers_a_linear_step_cost() -> None:
+    work = whatif.Workload({"c": 1000.0}, 500.0, 4.0, 0, 0.0)
+    profiles = {"c": {("ngram", k): whatif.Profile("ngram", k, 1 + 0.5 * k, float(k), "trace") for k in range(1, 9)}}
+    a, b = 2e-3, 1e-4
+    walls = {}
+    for k in (0, 1, 2, 4, 8):
+        load = whatif.step_load(work, whatif.uniform(work, profiles, "ngram", k))
+        walls[k] = load.steps * (a + b * load.tokens)
+    cost, fit = oracle.fit_cost(work, profiles, walls)
+    assert (cost.base, cost.per_token) == (pytest.approx(a), pytest.approx(b))
+    assert all(r["model_wall_s"] == pytest.approx(r["measured_wall_s"]) for r in fit["runs"].values())
+    assert isinstance(cost, CostCoefficients)
+
+
+def test_model_choice_turns_off_what_does_not_pay() -> None:
+    work = whatif.Workload({"copy": 500.0, "chat": 500.0}, 0.0, 8.0, 0, 0.0)
+    profiles = {c: {("ngram", k): whatif.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
+                    for k in range(1, 5)} for c, b in (("copy", 0.95), ("chat", 0.02))}
+    cost = CostCoefficients(1e-3, 0, 1e-4, 0, 0, 0, 0, 0, 0, 0)
+    choice = oracle.model_choice(work, profiles, cost)
+    assert choice["chat"] == (0, "off") and choice["copy"][0] >= 1
+
+
+# --- ratios and targets ------------------------------------------------------------------------------------------
+def _run(g: float, per: dict[str, float]) -> dict:
+    return {"phases": {"8": {"goodput": g, "per_category": per}}}
+
+
+def test_ratios_and_targets() -> None:
+    runs = {"no_spec": _run(100, {"a": 10, "b": 10}), "k=2": _run(120, {"a": 14, "b": 9}),
+            "oracle-model": _run(125, {"a": 15, "b": 10}), "specctl": _run(124, {"a": 15, "b": 10.1})}
+    r = report.ratios(runs, "8", "oracle-model")
+    assert r["best_static"] == "k=2"
+    assert r["specctl_vs_best_static"] == pytest.approx(124 / 120)
+    assert r["specctl_vs_oracle"] == pytest.approx(124 / 125)
+    assert r["per_category"]["b"]["vs_no_spec"] == pytest.approx(1.01)
+    t = report.check_targets(r)
+    assert t["met"] == {"vs_best_static": True, "vs_oracle": True, "vs_no_spec_every_category": True}
+    runs["specctl"] = _run(119, {"a": 15, "b": 9.9})
+    t = report.check_targets(report.ratios(runs, "8", "oracle-model"))
+    assert t["met"] == {"vs_best_static": False, "vs_oracle": False, "vs_no_spec_every_category": False}
+
+
+# --- EMA driver (observer only: no controller needed) -------------------------------------------------------------
+def _batch(batch_size: int, accepted: list[int], k: int) -> dict:
+    return {"steps": [{"batch_size": batch_size, "categories": [
+        {"category": "c", "method": "ngram", "requests": batch_size,
+         "hists": [{"k": k, "accepted": [accepted.count(j) for j in range(k + 1)]}]}]}]}
+
+
+def test_ema_driver_drops_to_off_at_batch_8_when_nothing_is_accepted_then_probes() -> None:
+    d = EmaOverrideDriver("http://127.0.0.1:9", "t", ["c"], k_max=8)
+    for _ in range(15):
+        d.observe(_batch(8, [0] * 8, 3))
+    assert d.applied == 0  # first re-evaluation after warm-up: 3 -> 1 -> 0 in one go
+    for _ in range(5):
+        d.observe(_batch(8, [0] * 8, 3))
+    assert d.applied == 1  # SGLang probes the next candidate after a zero-step interval
+    assert [k for _, k in d.changes] == [3, 0, 1]  # SGLang starts at the configured steps (3)
+    assert sum(d.steps_at_k.values()) == 20
+
+
+def test_ema_driver_climbs_at_batch_1_when_everything_is_accepted() -> None:
+    d = EmaOverrideDriver("http://127.0.0.1:9", "t", ["c"], k_max=8)
+    for _ in range(16):
+        d.observe(_batch(1, [7], 7))
+    assert d.applied == 7
+    assert np.isclose(sum(d.steps_at_k.values()), 16)
