@@ -23,8 +23,8 @@ concurrency. Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/
 (simulator trace), and in bench/results/tmp/cpu_engine/ the recorded telemetry and request token traces
 (inputs of ``specctl replay``).
 
-    python -m bench.cpu_engine --quick          # 2 prompts per category, ~25 min on 2 shared cores
-    python -m bench.cpu_engine                  # 22 per category (176 prompts)
+    python -m bench.cpu_engine --quick          # 2 prompts per category (16 prompts)
+    python -m bench.cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
     python -m bench.cpu_engine --only no_spec,k=2,specctl --quick    # a subset while developing
 """
 
@@ -56,6 +56,8 @@ from tests.support.workload import CATEGORIES
 RESULTS = ROOT / "bench" / "results"
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 PROBE_CATEGORIES = list(CATEGORIES)
+#: Warm-up requests at concurrency 1 (JIT, caches, the controller's batch-size estimate: ~1 min on a shared machine).
+WARMUP_C1 = 4
 
 
 class Bench:
@@ -115,7 +117,7 @@ class Bench:
             self._wait_policy(st)
         if st.proxy is not None:
             st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_warm_c{c}.jsonl")
-        run_phase(st.engine.url, self.warm, c, desc=f"{name} c={c} warm-up")
+        run_phase(st.engine.url, self.warm if c > 1 else self.warm[:WARMUP_C1], c, desc=f"{name} c={c} warm-up")
         if st.proxy is not None:
             st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_c{c}.jsonl")
         cpu0, load0 = st.cpu_seconds(), measure.load_avg()
@@ -321,11 +323,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 prompts per category, 1 warm-up prompt per category")
     ap.add_argument("--per-category", type=int, default=None,
-                    help="measured prompts per category at the highest concurrency (default 22; --quick 2)")
+                    help="measured prompts per category at the highest concurrency (default 16; --quick 2)")
     ap.add_argument("--per-category-c1", type=int, default=None,
-                    help="measured prompts per category at concurrency 1 (default 8; --quick 2): one request at a "
+                    help="measured prompts per category at concurrency 1 (default 4; --quick 2): one request at a "
                          "time is slow on a shared 2-core machine")
-    ap.add_argument("--warmup-per-category", type=int, default=None, help="warm-up prompts per category (3; --quick 1)")
+    ap.add_argument("--warmup-per-category", type=int, default=None,
+                    help=f"warm-up prompts per category before the concurrency-8 pass (2; --quick 1); {WARMUP_C1} "
+                         "prompts before the concurrency-1 pass")
     ap.add_argument("--concurrency", default="8,1", help="measured concurrencies, in run order")
     ap.add_argument("--ks", default=",".join(map(str, FIXED_KS)))
     ap.add_argument("--only", default="", help="comma-separated configurations to run (development)")
@@ -339,7 +343,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", default=str(RESULTS / "tmp" / "cpu_engine"))
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
-    full, quick = (22, 8, 3), (2, 2, 1)
+    full, quick = (16, 4, 2), (2, 2, 1)
     defaults = quick if a.quick else full
     a.per_category = a.per_category or defaults[0]
     a.per_category_c1 = min(a.per_category_c1 or defaults[1], a.per_category)

@@ -160,7 +160,7 @@ def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
         hook = SpecHook(engine, holder, StepQueue(100_000), counterfactual_share=0.0)
         scripts: dict[str, list[int]] = {}
         sim = SimEngine(hook, engine.k_max, None, scripts)
-        sim.drafter = script_drafter(sim, lambda r: rng.randrange(0, 5))
+        sim.drafter = script_drafter(sim, lambda r, rng=rng: rng.randrange(0, 5))
         for i in range(n):
             rid = f"bench-{n}-{i}"
             category = CATEGORIES[i % len(CATEGORIES)]

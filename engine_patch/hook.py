@@ -44,7 +44,7 @@ from controller.adapt import RequestK, next_k
 from engine_patch.categories import category_from_sampling_params
 from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from engine_patch.proposers import PROPOSERS, TokenHistory
-from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_counterfactual, add_draft, new_entry
+from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_counterfactual, new_entry
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"
@@ -55,13 +55,14 @@ CF_CREDIT_CAP_NS = 20_000_000
 class RequestState:
     """The patch's per-request state."""
 
-    __slots__ = ("category", "gen", "cat_rule", "rule", "adapt", "key_on", "key_off", "history", "pending")
+    __slots__ = ("adapt", "adaptive", "cat_rule", "category", "gen", "history", "key_off", "key_on", "pending", "rule")
 
     def __init__(self, category: str) -> None:
         self.category = category
         self.gen = -1
         self.cat_rule: CategoryRule | None = None
         self.rule: CategoryRule | None = None  # cat_rule, or its probe rule for a probed request
+        self.adaptive = False  # rule.adapt.k_min < rule.adapt.k_max, kept as a plain bool for the hot loops
         self.adapt = RequestK(k=0)
         self.key_on: tuple[str, str] = (category, protocol.METHOD_OFF)
         self.key_off: tuple[str, str] = (category, protocol.METHOD_OFF)
@@ -111,7 +112,7 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("output", "t0", "hook_ns", "depth", "table", "agg")
+    __slots__ = ("agg", "depth", "hook_ns", "output", "t0", "table")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
@@ -190,6 +191,7 @@ class SpecHook:
         if cat_rule.probe is not None and probe_selected(request.request_id, cat_rule.probe_rate):
             rule = cat_rule.probe
         state.rule = rule
+        state.adaptive = not rule.fixed
         state.adapt = RequestK(k=rule.k)
         state.key_on = (state.category, rule.method)
         state.key_off = (state.category, protocol.METHOD_OFF)
@@ -215,9 +217,8 @@ class SpecHook:
                 if can_replace and k > 0 and request.num_tokens - request.num_computed_tokens == 1:
                     self._draft_model_free(request, state, k)
             else:
-                bound = k if rule.adapt.k_min == rule.adapt.k_max else next_k_bound(state.adapt, rule)
-                if bound > depth:
-                    depth = bound
+                bound = next_k_bound(state.adapt, rule) if state.adaptive else k
+                depth = max(depth, bound)
             spec = request.spec_token_ids
             if len(spec) > k:
                 request.spec_token_ids = spec[:k]
@@ -354,7 +355,6 @@ class SpecHook:
                 i = index.get(req_id)
                 if i is not None and i < n_sampled:
                     generated = sampled[i]
-            adapt = state.rule.adapt
             if spec:
                 draft_tokens += len(spec)
                 if generated:
@@ -362,6 +362,10 @@ class SpecHook:
                         continue  # vLLM discards this output (and does not count it)
                     drafted = len(spec) - invalid.get(req_id, 0) if invalid else len(spec)
                     accepted = len(generated) - ns
+                    if accepted < 0:
+                        accepted = 0
+                    elif accepted > drafted:
+                        accepted = drafted  # cannot happen (invalid drafts are -1); keeps the histogram valid
                     key = state.key_on
                     entry = agg.get(key)
                     if entry is None:
@@ -371,17 +375,17 @@ class SpecHook:
                         bucket = entry[1].get(drafted)
                         if bucket is None:
                             bucket = entry[1][drafted] = [0] * (drafted + 1)
-                        bucket[min(max(accepted, 0), drafted)] += 1
-                    if adapt.k_min != adapt.k_max:
-                        next_k(state.adapt, drafted, max(accepted, 0), adapt)
+                        bucket[accepted] += 1
+                    if state.adaptive:
+                        next_k(state.adapt, drafted, accepted, state.rule.adapt)
                     continue
             key = state.key_on if state.adapt.k > 0 else state.key_off
             entry = agg.get(key)
             if entry is None:
                 entry = agg[key] = new_entry()
             entry[0] += 1
-            if generated and adapt.k_min != adapt.k_max:
-                next_k(state.adapt, 0, 0, adapt)
+            if generated and state.adaptive:
+                next_k(state.adapt, 0, 0, state.rule.adapt)
         step.output = draft_tokens  # the output object is no longer needed; keep the count
         step.hook_ns += self.perf_ns() - t
 

@@ -23,8 +23,8 @@ def register() -> None:
     """Idempotent, cheap, never raises."""
     try:
         _check_version_once()
-    except Exception:  # noqa: BLE001 - a plugin must never break the process that loads it
-        pass
+    except Exception:  # a plugin must never break the process that loads it
+        logger.debug("specctl: version check failed", exc_info=True)
 
 
 @functools.cache

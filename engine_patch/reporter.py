@@ -186,7 +186,7 @@ class Reporter:
     def _run_guarded(self) -> None:
         try:
             self.run_once()
-        except Exception:  # noqa: BLE001 - the reporter must outlive any bug; the engine never depends on it
+        except Exception:  # the reporter must outlive any bug; the engine never depends on it
             self.counters.failures += 1
             self._consecutive_failures += 1
             logger.exception("specctl: reporter error")

@@ -124,7 +124,7 @@ class SpecctlMixin:
         self._specctl = None
         try:
             self._specctl = build_runtime(self)
-        except Exception:  # noqa: BLE001 - a broken patch must leave a working vLLM
+        except Exception:  # a broken patch must leave a working vLLM
             logger.exception("specctl: engine patch failed to start; the engine runs as plain vLLM")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -132,7 +132,7 @@ class SpecctlMixin:
         if rt is not None and rt.enabled:
             try:
                 rt.hook.before_schedule(self.running)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("before_schedule")
         return super().schedule(*args, **kwargs)
 
@@ -141,7 +141,7 @@ class SpecctlMixin:
         if rt is not None and rt.enabled:
             try:
                 rt.hook.after_schedule(scheduler_output, self.requests)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("after_schedule")
         return super()._update_after_schedule(scheduler_output, *args, **kwargs)
 
@@ -151,13 +151,13 @@ class SpecctlMixin:
         if active:
             try:
                 rt.hook.observe(scheduler_output, model_runner_output, self.requests)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("observe")
         outputs = super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
         if active:
             try:
                 rt.hook.finish(scheduler_output)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("finish")
         return outputs
 
@@ -169,5 +169,5 @@ class SpecctlMixin:
             if rt is not None:
                 try:
                     rt.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("specctl: shutdown of the reporter failed")

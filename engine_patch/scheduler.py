@@ -22,10 +22,10 @@ if _problem and not versions.unsupported_allowed():
         f"specctl engine patch: {_problem}. Install a supported vLLM or set {versions.ALLOW_ENV}=1 to try anyway."
     )
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
 
-from engine_patch.runtime import SpecctlMixin  # noqa: E402
+from engine_patch.runtime import SpecctlMixin
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.engine")

@@ -42,7 +42,7 @@ def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
     bucket = hists.get(drafted)
     if bucket is None:
         bucket = hists[drafted] = [0] * (drafted + 1)
-    bucket[accepted if accepted < drafted else drafted] += 1
+    bucket[min(drafted, accepted)] += 1
 
 
 def add_counterfactual(entry: list[Any], method: str, drafted: int, accepted: int) -> None:

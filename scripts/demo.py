@@ -13,7 +13,6 @@ Usage: ``python scripts/demo.py --model .cache/models/SmolLM2-135M-Instruct [--o
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import signal
 import sys
@@ -26,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support import controller_api  # noqa: E402
-from tests.support.specctl_serve import SpecctlServe  # noqa: E402
-from tests.support.stack import wait_attached  # noqa: E402
-from tests.support.vllm_server import NGRAM, SERVED_MODEL, VllmServer, spec_counters  # noqa: E402
-from tests.support.workload import CATEGORIES, build_workload, run_workload  # noqa: E402
+from tests.support import controller_api
+from tests.support.specctl_serve import SpecctlServe
+from tests.support.stack import wait_attached
+from tests.support.vllm_server import NGRAM, SERVED_MODEL, VllmServer, spec_counters
+from tests.support.workload import CATEGORIES, build_workload, run_workload
 
 ENGINE_ID = "demo-cpu-0"
 #: The demo's workload is a few hundred drafts per category; the controller's default evidence threshold
@@ -45,7 +44,7 @@ def tokens(workdir: Path) -> tuple[str, str]:
         path.write_text(f"export SPECCTL_ADMIN_TOKEN={secrets.token_urlsafe(24)}\n"
                         f"export SPECCTL_INGEST_TOKEN={secrets.token_urlsafe(24)}\n")
         path.chmod(0o600)
-    values = dict(line.removeprefix("export ").split("=", 1) for line in path.read_text().split())
+    values = dict(line.removeprefix("export ").split("=", 1) for line in path.read_text().splitlines() if line.strip())
     return values["SPECCTL_ADMIN_TOKEN"], values["SPECCTL_INGEST_TOKEN"]
 
 

@@ -21,7 +21,8 @@ import argparse
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Self
 
@@ -96,16 +97,16 @@ class RecordingProxy:
         return Response(answer.content, status_code=answer.status_code, headers=out_headers)
 
     def app(self) -> Starlette:
-        async def startup() -> None:
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
             self._client = httpx.AsyncClient(timeout=10.0, trust_env=False)
-
-        async def shutdown() -> None:
-            if self._client is not None:
+            try:
+                yield
+            finally:
                 await self._client.aclose()
 
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-        return Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)],
-                         on_startup=[startup], on_shutdown=[shutdown])
+        return Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)], lifespan=lifespan)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self, timeout_s: float = 15.0) -> Self:

@@ -263,12 +263,14 @@ class Brain:
         mix.decay_to(now, ls.mix_half_life_s)
         batch_size = mix.batch_size or 1.0
         shares = mix.shares()
+        committed = mix.committed_shares()
         prev = previous.by_name() if previous else {}
         cats = []
         for name in ms.categories:
             p = prev.get(name)
             choice = Choice(p.k, p.method) if p is not None and p.source in ("policy", "probe") else None
-            cats.append(CategoryInput(name, shares.get(name, 0.0), self._profiles(ms, name, spec.k_max, now), choice))
+            cats.append(CategoryInput(name, shares.get(name, 0.0), self._profiles(ms, name, spec.k_max, now), choice,
+                                      committed.get(name, 0.0)))
         pooled = tuple(self._profile(m, ms.pooled(m, now, ls.half_life_s), spec.k_max) for m in ms.methods())
         prev_default = None
         if previous is not None and previous.default.source == "default":

@@ -151,8 +151,7 @@ class ModelState:
         self.dropped_methods += d.dropped_methods
         for mix in (self.mix, engine_mix):
             mix.decay_to(now, s.mix_half_life_s)
-            mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values,
-                    sum(d.committed.values()))
+            mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values, d.committed)
         self.cost.decay_to(now, s.cost_half_life_s)
         self.cost.add_many(d.shapes)
 

@@ -22,6 +22,7 @@ DIST_POINTS = 8
 class Mix:
     __slots__ = (
         "committed",
+        "committed_per_category",
         "extra_sum",
         "extra_tokens",
         "extra_w",
@@ -40,6 +41,7 @@ class Mix:
         self.extra_w = np.zeros(EXTRA_BINS)  # decayed steps per bin of prefill tokens
         self.extra_sum = np.zeros(EXTRA_BINS)  # decayed sum of prefill tokens per bin (exact bin means)
         self.committed = 0.0  # decayed committed tokens (to relate prefill to goodput)
+        self.committed_per_category: dict[str, float] = {}  # decayed committed tokens per category
 
     def decay_to(self, now: float, half_life_s: float) -> None:
         if self.t_last is not None:
@@ -51,15 +53,20 @@ class Mix:
                 self.extra_w *= f
                 self.extra_sum *= f
                 self.committed *= f
+                for c in self.committed_per_category:
+                    self.committed_per_category[c] *= f
                 for c in self.per_category:
                     self.per_category[c] *= f
         if self.t_last is None or now > self.t_last:
             self.t_last = now
 
     def add(self, steps: int, requests: int, extra_tokens: int, per_category: dict[str, int],
-            extra_values: list[int] | None = None, committed: int = 0) -> None:
-        """Add busy steps; ``extra_values`` = prefill tokens of each step (for the distribution)."""
-        self.committed += committed
+            extra_values: list[int] | None = None, committed: dict[str, int] | None = None) -> None:
+        """Add busy steps; ``extra_values`` = prefill tokens of each step (for the distribution),
+        ``committed`` = committed tokens per category."""
+        for c, n in (committed or {}).items():
+            self.committed += n
+            self.committed_per_category[c] = self.committed_per_category.get(c, 0.0) + n
         self.steps += steps
         self.requests += requests
         self.extra_tokens += extra_tokens
@@ -104,6 +111,12 @@ class Mix:
     def extra_per_step(self) -> float:
         return self.extra_tokens / self.steps if self.steps > 1e-9 else 0.0
 
+    def committed_shares(self) -> dict[str, float]:
+        """Committed tokens per busy step, per category."""
+        if self.steps <= 1e-9:
+            return {}
+        return {c: n / self.steps for c, n in self.committed_per_category.items()}
+
     def shares(self) -> dict[str, float]:
         if self.steps <= 1e-9:
             return {}
@@ -112,7 +125,8 @@ class Mix:
     def to_dict(self) -> dict:
         return {"steps": self.steps, "requests": self.requests, "extra_tokens": self.extra_tokens,
                 "per_category": dict(self.per_category), "t_last": self.t_last,
-                "extra_w": self.extra_w.tolist(), "extra_sum": self.extra_sum.tolist(), "committed": self.committed}
+                "extra_w": self.extra_w.tolist(), "extra_sum": self.extra_sum.tolist(), "committed": self.committed,
+                "committed_per_category": dict(self.committed_per_category)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Mix:
@@ -123,6 +137,8 @@ class Mix:
         m.per_category = {str(k): max(0.0, float(v)) for k, v in d.get("per_category", {}).items()}
         m.t_last = None if d.get("t_last") is None else float(d["t_last"])
         m.committed = max(0.0, float(d.get("committed", 0.0)))
+        m.committed_per_category = {str(k): max(0.0, float(v))
+                                    for k, v in d.get("committed_per_category", {}).items()}
         w = np.asarray(d.get("extra_w", []), dtype=float)
         v = np.asarray(d.get("extra_sum", []), dtype=float)
         if w.shape == (EXTRA_BINS,) and v.shape == (EXTRA_BINS,) and np.all(np.isfinite(w)) and np.all(w >= 0) \

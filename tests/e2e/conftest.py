@@ -21,6 +21,7 @@ from tests.support import stack
 from tests.support.specctl_serve import SpecctlServe
 from tests.support.vllm_server import VllmServer
 
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The converted model (built once, then verified against its checksums)."""

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S
 from tests.support import controller_api
+from tests.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S
 from tests.support.vllm_server import SERVED_MODEL, SpecCounters, spec_counters
 from tests.support.workload import build_workload, run_workload
 

@@ -6,12 +6,14 @@ import pytest
 
 from tests.faults.stack import (
     BACKOFF_MAX_S,
+    CONNECT_TIMEOUT_S,
     MAX_TOKENS,
     MODEL_DIR,
     POLICY_TTL_S,
     QUEUE_STEPS,
     REPORT_INTERVAL_S,
     REPORT_PATH,
+    REQUEST_TIMEOUT_S,
     SNAPSHOT_INTERVAL_S,
     FaultSuite,
 )
@@ -37,6 +39,8 @@ def suite(tmp_path_factory):
                         engine_id="faults-engine", report_interval_s=REPORT_INTERVAL_S, extra_env={
                             "SPECCTL_BACKOFF_MAX_S": str(BACKOFF_MAX_S),
                             "SPECCTL_QUEUE_STEPS": str(QUEUE_STEPS),
+                            "SPECCTL_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
+                            "SPECCTL_CONNECT_TIMEOUT_S": str(CONNECT_TIMEOUT_S),
                         })
     s = FaultSuite(controller, proxy, engine, build_workload(per_category=1, max_tokens=MAX_TOKENS))
     try:

@@ -1,10 +1,12 @@
-"""Observation tools for the fault suite: vLLM counter timeline, continuous workload, phase reports.
+"""Observation tools for the fault suite: vLLM counter timeline, engine step records, continuous workload,
+phase reports.
 
-What the engine applies is read from vLLM's own counters, independent of the patch's reporting: the
-suite pins every workload category to k=1 through controller overrides, so while the engine follows the
-controller every draft is exactly one token (``delta draft_tokens == delta drafts``); on its static config
-(ngram, k=4) drafts are longer. The telemetry the engine posts (seen by the fault proxy) adds the engine's
-own statement of the applied ``policy_version`` (null = static config) and its ``dropped_steps``.
+The suite pins every workload category to k=1 through controller overrides. Two views tell what the
+engine applies: vLLM's own counters (while the engine follows the controller every verified draft is one
+token, ``delta draft_tokens == delta drafts``; on its static n-gram k=4 config drafts are longer), and the
+engine's step records in the telemetry it posts, seen by the fault proxy (start/end of each step on
+CLOCK_MONOTONIC and the drafting depth applied), plus its ``policy_version`` (null = static config) and
+``dropped_steps``.
 """
 
 from __future__ import annotations
@@ -231,14 +233,27 @@ class ContinuousLoad:
         return [x.result for x in list(self.results) if x.finished_at >= t]
 
 
-def step_walls(seen: list, t0: float, t1: float) -> list[float]:
-    """Durations of the engine steps that ended in [t0, t1], from the telemetry the engine posted.
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One engine step as the engine reported it (clock: CLOCK_MONOTONIC, same as ``time.monotonic()``)."""
 
-    Each batch is counted once (a retried batch repeats its seq). The engine stamps steps with
-    CLOCK_MONOTONIC, the same clock as this process's ``time.monotonic()``.
+    start: float
+    end: float
+    depth: int  # drafting depth the engine asked for: the k it applied (static config: its k_max)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+
+def engine_steps(seen: list, t0: float, t1: float) -> list[EngineStep]:
+    """The engine's steps that started in [t0, t1], from the telemetry it posted, in order.
+
+    Each batch counts once (a retried batch repeats its seq); steps dropped by the engine's queue are absent.
     """
     by_seq = {s.seq: s for s in seen if s.seq is not None}
-    return [wall for s in by_seq.values() for t, wall in s.step_times if t0 <= t <= t1]
+    steps = {EngineStep(t - wall, t, depth) for s in by_seq.values() for t, wall, depth in s.step_times}
+    return sorted((x for x in steps if t0 <= x.start <= t1), key=lambda x: x.start)
 
 
 def compare(results: list[Result], reference: dict[str, Result]) -> tuple[list[str], list[str]]:
@@ -259,9 +274,10 @@ class PhaseReport:
     requests: int = 0
     failed: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
-    fallback_s: float | None = None  # fault applied -> first draft not following the controller's k=1
+    fallback_s: float | None = None  # fault applied -> first engine step run on the static config
+    expiry_s: float | None = None  # fault applied -> last policy received + TTL (earliest expiry)
     reattach_s: float | None = None  # healed -> first telemetry batch built under a controller policy
-    pinned_again_s: float | None = None  # healed -> first window where every draft is k=1 again
+    pinned_again_s: float | None = None  # healed -> first engine step back at the controller's k=1
     mean_k_during: float | None = None
     max_progress_gap_s: float | None = None
     notes: dict = field(default_factory=dict)
@@ -283,12 +299,12 @@ class Reports:
         def f(x):
             return "-" if x is None else f"{x:.2f}"
 
-        lines = [(f"{'fault':<28}{'reqs':>5}{'fail':>5}{'diff':>5}{'fallback s':>12}{'reattach s':>12}"
-                 f"{'k=1 again s':>12}{'mean k':>8}{'max gap s':>10}")]
+        lines = [(f"{'fault':<36}{'reqs':>5}{'fail':>5}{'diff':>5}{'expiry s':>10}{'fallback s':>11}"
+                  f"{'reattach s':>11}{'k=1 again s':>12}{'mean k':>7}{'max step s':>11}")]
         for p in self.phases:
-            lines.append(f"{p.fault:<28}{p.requests:>5}{len(p.failed):>5}{len(p.mismatched):>5}{f(p.fallback_s):>12}"
-                         f"{f(p.reattach_s):>12}{f(p.pinned_again_s):>12}{f(p.mean_k_during):>8}"
-                         f"{f(p.max_progress_gap_s):>10}")
+            lines.append(f"{p.fault:<36}{p.requests:>5}{len(p.failed):>5}{len(p.mismatched):>5}{f(p.expiry_s):>10}"
+                         f"{f(p.fallback_s):>11}{f(p.reattach_s):>11}{f(p.pinned_again_s):>12}"
+                         f"{f(p.mean_k_during):>7}{f(p.notes.get('max_step_wall_s')):>11}")
         return "\n".join(lines)
 
 

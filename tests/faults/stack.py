@@ -2,8 +2,8 @@
 
 Settings chosen so that each fault resolves in seconds (all documented in docs/reliability.md):
 policy TTL 2 s on the controller, engine reports every 0.1 s, backs off to at most 1 s, times a post out
-after 1 s (the engine default), and buffers at most 16 step records (so a stalled controller overflows
-the queue within seconds).
+after 1 s (the engine default), and buffers at most 128 step records (so a controller hung for longer
+overflows the queue).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ K_MAX = NGRAM["num_speculative_tokens"]
 POLICY_TTL_S = 2.0
 REPORT_INTERVAL_S = 0.1
 BACKOFF_MAX_S = 1.0
-REQUEST_TIMEOUT_S = 1.0  # EngineSettings.request_timeout_s default
-CONNECT_TIMEOUT_S = 0.25  # EngineSettings.connect_timeout_s default
-QUEUE_STEPS = 16
+REQUEST_TIMEOUT_S = 1.0  # the engine's default, set explicitly so the suite's bounds follow it
+CONNECT_TIMEOUT_S = 0.25  # the engine's default
+#: Large enough to keep every step of a short fault (so the engine's own step records show when it fell back),
+#: small enough that the overflow test fills it within seconds of a hung controller.
+QUEUE_STEPS = 128
 SNAPSHOT_INTERVAL_S = 1.0
 MAX_TOKENS = 32
 CONCURRENCY = 4

@@ -22,7 +22,7 @@ ACK = {
                "categories": {"code": {"k": 4, "method": "engine", "adapt": {"k_min": 0, "k_max": 4}}}},
 }
 BATCH = {"engine_id": "e1", "seq": 3, "policy_version": 5, "dropped_steps": 7,
-         "steps": [{"t": 12.5, "wall_s": 0.02, "draft_tokens": 6, "categories": [
+         "steps": [{"t": 12.5, "wall_s": 0.02, "draft_depth": 2, "draft_tokens": 6, "categories": [
              {"category": "code", "hists": [{"k": 2, "accepted": [0, 1, 2]}]}]}]}
 
 
@@ -71,7 +71,9 @@ def test_pass_forwards_and_records_telemetry(proxy):
     [seen] = proxy.seen
     assert (seen.engine_id, seen.seq, seen.policy_version, seen.dropped_steps) == ("e1", 3, 5, 7)
     assert seen.draft_tokens == 6 and seen.draft_tokens_by_category == {"code": 6}
-    assert seen.step_times == ((12.5, 0.02),)
+    assert seen.step_times == ((12.5, 0.02, 2),)
+    [(received, answered, status, fault)] = proxy.answers
+    assert received <= answered and status == 200 and fault is Fault.PASS
 
 
 @pytest.mark.parametrize("fault", [Fault.REFUSE, Fault.RESET])
@@ -102,6 +104,7 @@ def test_hang_accepts_and_never_answers(proxy):
 def test_http500(proxy):
     proxy.set_fault(Fault.HTTP500)
     assert _post(proxy).status_code == 500
+    assert [(status, fault) for _, _, status, fault in proxy.answers] == [(500, Fault.HTTP500)]
 
 
 def test_latency_is_added(proxy):

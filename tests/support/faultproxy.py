@@ -145,9 +145,10 @@ class TelemetrySeen:
     steps: int
     draft_tokens: int
     draft_tokens_by_category: dict[str, int]
-    #: (t, wall_s) of each step record: engine monotonic clock (CLOCK_MONOTONIC, comparable with the test's
-    #: time.monotonic()) at step end, and the step's duration
-    step_times: tuple[tuple[float, float], ...] = ()
+    #: (t, wall_s, draft_depth) of each step record: engine monotonic clock (CLOCK_MONOTONIC, comparable
+    #: with the test's time.monotonic()) at step end, the step's duration, and the drafting depth the engine
+    #: asked for the next step
+    step_times: tuple[tuple[float, float, int], ...] = ()
 
 
 def _summarise_telemetry(body: bytes, fault: Fault) -> TelemetrySeen:
@@ -172,7 +173,8 @@ def _summarise_telemetry(body: bytes, fault: Fault) -> TelemetrySeen:
         steps=len(steps),
         draft_tokens=sum(int((s or {}).get("draft_tokens") or 0) for s in steps),
         draft_tokens_by_category=dict(by_category),
-        step_times=tuple((float(st.get("t", 0.0)), float(st.get("wall_s", 0.0))) for st in steps if isinstance(st, dict)),
+        step_times=tuple((float(st.get("t", 0.0)), float(st.get("wall_s", 0.0)), int(st.get("draft_depth", 0)))
+                         for st in steps if isinstance(st, dict)),
     )
 
 
@@ -247,6 +249,8 @@ class FaultProxy:
         self._huge_body: bytes | None = None  # built once: generating ~1 MB per request would load the host
         self.stats = ProxyStats()
         self.seen: collections.deque[TelemetrySeen] = collections.deque(maxlen=seen_maxlen)
+        #: (request read, answer written, status, fault) of every telemetry post that got an answer
+        self.answers: collections.deque[tuple[float, float, int, Fault]] = collections.deque(maxlen=seen_maxlen)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -363,14 +367,24 @@ class FaultProxy:
         with self._lock:
             fault, latency_s, hostile, upstream = self.fault, self.latency_s, self.hostile, self.upstream
         self.stats.requests[fault] += 1
-        if request.method == "POST" and request.target.split("?")[0] == "/v1/telemetry":
+        received = time.monotonic()
+        telemetry = request.method == "POST" and request.target.split("?")[0] == "/v1/telemetry"
+        if telemetry:
             self.seen.append(_summarise_telemetry(request.body, fault))
+        answered = await self._serve_fault(request, reader, writer, fault, latency_s, hostile, upstream)
+        if telemetry and answered is not None:
+            self.answers.append((received, time.monotonic(), answered, fault))
+        return answered is not None
+
+    async def _serve_fault(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           fault: Fault, latency_s: float, hostile: Hostile, upstream: str) -> int | None:
+        """Answer under ``fault``; the status sent, or None when the connection was dropped instead."""
         if fault in (Fault.RESET, Fault.REFUSE):
             _abort(writer)
-            return False
+            return None
         if fault is Fault.HANG:
             await self._hang(reader)
-            return False
+            return None
         if fault is Fault.HTTP500:
             return await self._answer(writer, 500, [("content-type", "text/plain")], b"injected fault: 500\n")
         if fault is Fault.LATENCY:
@@ -384,7 +398,7 @@ class FaultProxy:
         except httpx.HTTPError:
             self.stats.upstream_errors += 1
             _abort(writer)
-            return False
+            return None
         headers = list(upstream_response.headers.multi_items())
         body = upstream_response.content
         if fault is Fault.HOSTILE:
@@ -393,11 +407,11 @@ class FaultProxy:
             headers.append(("content-type", "application/json"))
         return await self._answer(writer, upstream_response.status_code, headers, body)
 
-    async def _answer(self, writer: asyncio.StreamWriter, status: int, headers, body: bytes) -> bool:
+    async def _answer(self, writer: asyncio.StreamWriter, status: int, headers, body: bytes) -> int:
         writer.write(_response_bytes(status, headers, body))
         await writer.drain()
         self.stats.statuses[status] += 1
-        return True
+        return status
 
     async def _hang(self, reader: asyncio.StreamReader) -> None:
         """Hold the connection until the client gives up or the proxy stops; never answer."""

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -98,11 +99,10 @@ class VllmServer:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout_s: float = 600.0) -> VllmServer:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+    def start(self, timeout_s: float = 600.0) -> Self:
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             self.wait_ready(timeout_s)
         except BaseException:
@@ -145,7 +145,7 @@ class VllmServer:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_text()[-chars:]
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

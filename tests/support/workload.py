@@ -33,8 +33,8 @@ _TASKS = ["reverses a list", "checks whether a string is a palindrome", "compute
 _SNIPPETS = [
     ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n",
      "Add type hints and a docstring to every function. Return the whole file."),
-    ("class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def increment(self):\n"
-     "        self.count += 1\n        return self.count\n",
+    (("class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def increment(self):\n"
+      "        self.count += 1\n        return self.count\n"),
      "Add a reset method and a decrement method. Return the whole class."),
     ("for i in range(10):\n    if i % 2 == 0:\n        print(i, 'even')\n    else:\n        print(i, 'odd')\n",
      "Rewrite this loop as a function that takes n as a parameter. Keep the same output."),
@@ -42,15 +42,15 @@ _SNIPPETS = [
      "Rename the parameters to width and height everywhere. Return the whole file."),
 ]
 _PASSAGES = [
-    "The city council met on Tuesday to discuss the new bicycle lanes. The council agreed to build twelve "
-    "kilometres of protected lanes by next summer. Shop owners worried about parking, but the council said "
-    "that studies show cyclists spend more in local shops. The first lanes will open on Main Street in May.",
-    "Photosynthesis is the process plants use to turn light into chemical energy. Leaves absorb sunlight with "
-    "chlorophyll, take in carbon dioxide from the air and water from the roots, and produce glucose and "
-    "oxygen. The glucose feeds the plant, and the oxygen is released into the air.",
-    "The museum will close for renovation from March to September. During this time, the main collection "
-    "will travel to three partner museums. The renovation adds a new wing for modern art, a larger cafe, and "
-    "better access for visitors in wheelchairs. Tickets bought for the closed months will be refunded.",
+    ("The city council met on Tuesday to discuss the new bicycle lanes. The council agreed to build twelve "
+     "kilometres of protected lanes by next summer. Shop owners worried about parking, but the council said "
+     "that studies show cyclists spend more in local shops. The first lanes will open on Main Street in May."),
+    ("Photosynthesis is the process plants use to turn light into chemical energy. Leaves absorb sunlight with "
+     "chlorophyll, take in carbon dioxide from the air and water from the roots, and produce glucose and "
+     "oxygen. The glucose feeds the plant, and the oxygen is released into the air."),
+    ("The museum will close for renovation from March to September. During this time, the main collection "
+     "will travel to three partner museums. The renovation adds a new wing for modern art, a larger cafe, and "
+     "better access for visitors in wheelchairs. Tickets bought for the closed months will be refunded."),
 ]
 _TOOLS = [
     {"type": "function", "function": {

@@ -13,7 +13,10 @@ tokens. All categories share one engine step, so the objective is the batch good
         from the mix, P(d <= x) = (sum_{c: d_c <= x} n_c / n) ** n  (batch 1: each request its own depth;
         large batches: the deepest category's k)
 
-with n_c the category's mean requests per step on the asking engine, ``extra`` its prefill tokens per step
+with n_c the category's requests per step on the asking engine: a finished request is replaced by one
+of the same mix, so a category that commits more tokens per step holds fewer slots,
+n_c = n * (w_c / E_c(k_c)) / sum_c' (w_c' / E_c'(k_c')) with w_c its observed committed tokens per step
+(the workload's demand, which the decision does not change); ``extra`` the prefill tokens per step
 and T the learned step-cost model (controller/core/cost.py). Finished requests are replaced, so prefill
 grows with goodput: extra = rho * sum_c n_c E_c(k_c) with rho the observed prefill tokens per committed
 token, and the expectation runs over the observed step-to-step spread of prefill (the cost bends at the
@@ -121,7 +124,7 @@ class _Problem:
     """Padded option arrays for U categories x O options; a configuration is one option index per row."""
 
     def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
-                 extra: _Prefill, cost: CostCoefficients, k_max: int) -> None:
+                 extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None) -> None:
         self.names = names
         self.options = options
         u, o = len(options), max(len(x) for x in options)
@@ -140,8 +143,11 @@ class _Problem:
         self.at_or_below = (self.levels[None, None, :] >= self.model_k[:, :, None]).astype(float)
         self.share = np.array(shares, dtype=float)
         self.n = float(self.share.sum())
-        self.p = self.share / self.n
         self.movable = np.array(movable, dtype=bool)
+        # committed tokens per step each category asks for; a finished request is replaced by one of the
+        # same mix, so a category that decodes faster holds fewer slots: n_c = n * (w_c / E_c) / sum(w / E)
+        w = np.array(demand if demand is not None else shares, dtype=float)
+        self.w = np.where(w > 0, w, self.share)
         self.prefill = extra
         c, n = cost, self.n
         self.cost = cost
@@ -149,6 +155,11 @@ class _Problem:
                        c.draft_fixed + c.draft_fixed_per_request * n, c.draft_pass + c.draft_pass_per_request * n,
                        c.free_draft_token)
         self.rows = np.arange(u)
+        # per option, the terms each category adds to the sums below (w / E weighs by slots held)
+        self.slot = np.where(self.valid, self.w[:, None] / self.e, 0.0)
+        self.slot_tok = self.slot * (1.0 + self.k)
+        self.slot_free = self.slot * self.free_k
+        self.slot_aob = self.slot[:, :, None] * self.at_or_below
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def time(self, tok, num, free, le):
@@ -164,16 +175,22 @@ class _Problem:
         if above_rate:
             over = np.maximum(np.asarray(tok)[..., None] + pre[..., None] * self.prefill.rel - knee, 0.0)
             t = t + above_rate * (over @ self.prefill.w)
-        below = np.maximum(le, 0.0) ** self.n
+        below = np.clip(le, 0.0, 1.0) ** self.n
         return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
 
-    def totals(self, cfg: np.ndarray):
+    def _sums(self, cfg: np.ndarray):
         r = self.rows
-        num = float(self.share @ self.e[r, cfg])
-        tok = float(self.share @ (1.0 + self.k[r, cfg]))
-        free = float(self.share @ self.free_k[r, cfg])
-        le = self.p @ self.at_or_below[r, cfg]
-        return num, tok, free, le
+        return (float(self.slot[r, cfg].sum()), float(self.slot_tok[r, cfg].sum()),
+                float(self.slot_free[r, cfg].sum()), self.slot_aob[r, cfg].sum(axis=0))
+
+    def shares_at(self, cfg: np.ndarray) -> np.ndarray:
+        """Requests per step of each category when every category runs its option in ``cfg``."""
+        slots = self.slot[self.rows, cfg]
+        return self.n * slots / slots.sum()
+
+    def totals(self, cfg: np.ndarray):
+        d, st, sf, sv = self._sums(cfg)
+        return self.n * float(self.w.sum()) / d, self.n * st / d, self.n * sf / d, sv / d
 
     def goodput(self, cfg: np.ndarray) -> tuple[float, float]:
         num, tok, free, le = self.totals(cfg)
@@ -183,14 +200,14 @@ class _Problem:
     def all_options(self, cfg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Goodput and step time for every (category, option), the other categories at ``cfg``."""
         r = self.rows
-        num, tok, free, le = self.totals(cfg)
-        s = self.share[:, None]
-        num_o = num + s * (self.e - self.e[r, cfg][:, None])
-        tok_o = tok + s * (self.k - self.k[r, cfg][:, None])
-        free_o = free + s * (self.free_k - self.free_k[r, cfg][:, None])
-        pp = self.p[:, None, None]
-        le_o = le[None, None, :] + pp * (self.at_or_below - self.at_or_below[r, cfg][:, None, :])
-        t = self.time(tok_o, num_o, free_o, le_o)
+        d, st, sf, sv = self._sums(cfg)
+        d_o = d + (self.slot - self.slot[r, cfg][:, None])
+        d_o = np.where(self.valid, d_o, 1.0)
+        st_o = st + (self.slot_tok - self.slot_tok[r, cfg][:, None])
+        sf_o = sf + (self.slot_free - self.slot_free[r, cfg][:, None])
+        sv_o = sv[None, None, :] + (self.slot_aob - self.slot_aob[r, cfg][:, None, :])
+        num_o = self.n * float(self.w.sum()) / d_o
+        t = self.time(self.n * st_o / d_o, num_o, self.n * sf_o / d_o, sv_o / d_o[:, :, None])
         g = np.where(self.valid, num_o / t, -np.inf)
         return g, t
 
@@ -260,7 +277,7 @@ def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: f
         old = cfg.copy()
         old[u] = previous[u]
         g_old, t_old = pb.goodput(old)
-        own = pb.share[u] * pb.e[u, previous[u]] / t_old
+        own = pb.shares_at(old)[u] * pb.e[u, previous[u]] / t_old
         gain = (g_new - g_old) / own if own > 0 else 0.0
         if gain < h:
             cfg = old
@@ -271,7 +288,7 @@ def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: f
         old[movers] = previous[movers]
         g_new, _ = pb.goodput(cfg)
         g_old, t_old = pb.goodput(old)
-        own = float(np.sum(pb.share[movers] * pb.e[movers, previous[movers]])) / t_old
+        own = float(np.sum(pb.shares_at(old)[movers] * pb.e[movers, previous[movers]])) / t_old
         gain = (g_new - g_old) / own if own > 0 else 0.0
         if gain < h:
             cfg = old
@@ -283,13 +300,14 @@ def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: f
 
 def _bands(pb: _Problem, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: float) -> list[tuple[int, int]]:
     out = []
+    shares = pb.shares_at(cfg)
     for u in pb.rows:
         c = cfg[u]
         k0 = int(pb.k[u, c])
         if k0 == 0:
             out.append((0, 0))
             continue
-        own = pb.share[u] * pb.e[u, c] / t[u, c]
+        own = shares[u] * pb.e[u, c] / t[u, c]
         opts = pb.options[u]
         method = opts.methods[c]
         ok = {int(opts.k[j]) for j in range(len(opts)) if (opts.methods[j] == method or opts.k[j] == 0)
@@ -314,7 +332,7 @@ def _probe_rates(pb: _Problem, cfg: np.ndarray, units: np.ndarray, e: np.ndarray
     num, tok, free, le = pb.totals(cfg)
     g0 = num / float(pb.time(tok, num, free, le))
     rate = cfg_.probe_rate * _PROBE_GRID[None, :]  # (1, G)
-    n_p = pb.share[units][:, None] * rate  # (U, G) probing requests per step
+    n_p = pb.shares_at(cfg)[units][:, None] * rate  # (U, G) probing requests per step
     below_pk = (pb.levels < pk).astype(float)
     le_r = le[None, None, :] - (np.where(model[:, None], n_p / pb.n, 0.0))[:, :, None] * below_pk
     num_r = num + n_p * (e[:, None] - 1.0)
@@ -425,7 +443,7 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
 
 def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     default, default_reason = _default_choice(snap, cfg)
-    names, shares, options, movable, inputs = [], [], [], [], []
+    names, shares, options, movable, inputs, demand = [], [], [], [], [], []
     engine = _engine_drafter(snap)
     pooled_engine = _profile_for(snap.pooled, engine) if engine else None
     explore_ok = pooled_engine is not None and pooled_engine.eligible_evidence >= cfg.min_evidence
@@ -436,6 +454,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         usable = [p for p in c.profiles if _usable(p, snap, cfg)] if snap.k_max > 0 else []
         names.append(c.name)
         shares.append(max(c.share, MIN_SHARE))
+        demand.append(c.committed if c.share >= MIN_SHARE and c.committed > 0 else max(c.share, MIN_SHARE))
         inputs.append(c)
         own = _profile_for(c.profiles, engine) if engine else None
         missing = cfg.min_evidence - (own.eligible_evidence if own is not None else 0.0)
@@ -460,8 +479,9 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         names.append("_rest")
         shares.append(max(rest, MIN_SHARE) if names[:-1] else max(snap.batch_size, 1.0))
         options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
+        demand.append(shares[-1] * float(options[-1].e[0]))
         movable.append(False)
-    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max)
+    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
@@ -536,10 +556,10 @@ def _worth_probing(pb: _Problem, cfg_best: np.ndarray, u: int, e_plus: np.ndarra
     num, tok, free, le = pb.totals(cfg_best)
     g0 = num / float(pb.time(tok, num, free, le))
     ks = np.arange(1, len(e_plus), dtype=float)
-    s = pb.share[u]
+    s = pb.shares_at(cfg_best)[u]
     num_k = num + s * (e_plus[1:] - 1.0)
     below = (pb.levels[None, :] < ks[:, None]).astype(float)
-    le_k = le[None, :] - (pb.p[u] * below if model else 0.0)
+    le_k = le[None, :] - (s / pb.n * below if model else 0.0)
     t = pb.time(tok + s * ks, num_k, free + (0.0 if model else s * ks), le_k)
     return bool((num_k / t).max() > g0 * (1 + 1e-9))
 
@@ -600,8 +620,7 @@ def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason
         prof = _profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
-                       list(pb.movable) + [False], pb.prefill, snap.cost,
-                       snap.k_max)
+                       list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE])
         r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
                          np.array([not is_model_free(m)]), pk, cfg)
         if r[0] > 0:

@@ -40,6 +40,7 @@ class CategoryInput:
     share: float  # mean requests of this category per step
     profiles: tuple[MethodProfile, ...]
     previous: Choice | None = None
+    committed: float = 0.0  # mean committed tokens of this category per step (0: unknown, taken as ``share``)
 
 
 @dataclass(frozen=True)

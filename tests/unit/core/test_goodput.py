@@ -62,8 +62,8 @@ def test_optimum_matches_brute_force_for_one_category():
 
 
 def test_categories_get_their_own_k():
-    cats = [("code", 8.0, (prof(beta=0.8),)), ("chat", 8.0, (prof(beta=0.25),))]
-    d = goodput.decide(snap(cats, 16), CFG).by_name()
+    cats = [("code", 1.0, (prof(beta=0.8),)), ("chat", 1.0, (prof(beta=0.25),))]
+    d = goodput.decide(snap(cats, 2), CFG).by_name()
     assert d["code"].k > d["chat"].k
     assert d["code"].speedup > 1.0
 
@@ -245,3 +245,25 @@ def test_categories_that_would_only_move_together_keep_their_decision(batch, bet
     assert "move together" in d["a"].reason
     loose = goodput.decide(snap(cats, batch), PolicySettings(cost_preset="h200", hysteresis=0.0)).by_name()
     assert loose["a"].k == fresh["a"].k
+
+
+def test_faster_categories_hold_fewer_slots():
+    """Closed loop: a finished request is replaced from the same mix, so the committed-token demand per
+    category (w_c) is fixed and a category decoding E_c tokens per step holds n * (w_c/E_c) / sum(w/E)
+    slots. The decision's goodput must follow exactly that accounting."""
+    cats = (CategoryInput("code", 1.0, (prof(beta=0.8),), None, 3.0),
+            CategoryInput("chat", 1.0, (prof(beta=0.25),), None, 1.0))
+    s = PolicySnapshot(cats, (), 2.0, 0.0, H200, 4, "eagle3", ("eagle3",))
+    d = goodput.decide(s, CFG)
+    by = d.by_name()
+    e = {c: by[c].expected_committed for c in ("code", "chat")}
+    w = {"code": 3.0, "chat": 1.0}
+    slots = {c: w[c] / e[c] for c in w}
+    n = {c: 2.0 * slots[c] / sum(slots.values()) for c in w}
+    tokens = sum(n[c] * (1 + by[c].k) for c in w)
+    p_depth = {c: n[c] / 2.0 for c in w}
+    depth_cdf = [sum(p for c, p in p_depth.items() if by[c].k <= x) ** 2.0 for x in range(5)]
+    t = (H200.base + H200.per_request * 2 + H200.per_token * tokens
+         + (1 - depth_cdf[0]) * (H200.draft_fixed + H200.draft_fixed_per_request * 2)
+         + sum(1 - depth_cdf[x] for x in range(4)) * (H200.draft_pass + H200.draft_pass_per_request * 2))
+    assert d.goodput == pytest.approx(2.0 * sum(w.values()) / sum(slots.values()) / t, rel=1e-3)

@@ -64,7 +64,7 @@ def close(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches, st.data())
 def test_replaying_any_batch_changes_nothing(bs, data):
     once = run(bs, range(len(bs)))
@@ -74,7 +74,7 @@ def test_replaying_any_batch_changes_nothing(bs, data):
     assert learned(again) == learned(once)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches, st.randoms(use_true_random=False))
 def test_arrival_order_does_not_matter(bs, rnd):
     order = list(range(len(bs)))
@@ -95,7 +95,7 @@ def _non_negative(x) -> bool:
     return True
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches, st.lists(st.floats(0, 1e4), min_size=6, max_size=6))
 def test_state_is_never_negative_and_rates_are_probabilities(bs, times):
     b = Brain(config())

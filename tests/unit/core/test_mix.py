@@ -7,10 +7,11 @@ def test_batch_size_and_shares_are_per_busy_step():
     m = Mix()
     m.decay_to(0.0, 10.0)
     m.add(steps=4, requests=32, extra_tokens=400, per_category={"a": 24, "b": 8}, extra_values=[0, 0, 0, 400],
-          committed=64)
+          committed={"a": 48, "b": 16})
     assert m.batch_size == 8 and m.extra_per_step == 100
     assert m.shares() == {"a": 6.0, "b": 2.0}
     assert m.extra_per_committed == pytest.approx(400 / 64)
+    assert m.committed_shares() == {"a": 12.0, "b": 4.0}
 
 
 def test_mix_follows_load_within_its_half_life():
@@ -44,9 +45,10 @@ def test_bursty_prefill_is_kept_apart_from_steady():
 def test_roundtrip_and_tolerant_load():
     m = Mix()
     m.decay_to(3.0, 10.0)
-    m.add(3, 9, 30, {"a": 9}, extra_values=[10, 10, 10], committed=20)
+    m.add(3, 9, 30, {"a": 9}, extra_values=[10, 10, 10], committed={"a": 20})
     back = Mix.from_dict(m.to_dict())
     assert back.to_dict() == m.to_dict()
-    old = {k: v for k, v in m.to_dict().items() if k not in ("extra_w", "extra_sum", "committed")}
+    old = {k: v for k, v in m.to_dict().items()
+           if k not in ("extra_w", "extra_sum", "committed", "committed_per_category")}
     legacy = Mix.from_dict(old)  # a snapshot from before the histogram existed
     assert legacy.batch_size == 3 and legacy.extra_distribution() == ()

@@ -114,8 +114,8 @@ def test_next_k_bound_covers_next_k(state: RequestK, rule: protocol.AdaptRule, b
     r = resolve(cp(k=state.k, adapt=rule), EngineSpec(method="ngram", k_max=8))
     assert next_k_bound(state, r) == bound
     # Whatever the step brings, the request's next k never exceeds the bound.
-    for drafted in range(0, state.k + 1):
-        for accepted in range(0, drafted + 1):
+    for drafted in range(state.k + 1):
+        for accepted in range(drafted + 1):
             probe = RequestK(k=state.k, full_streak=state.full_streak, reject_streak=state.reject_streak,
                              idle_steps=state.idle_steps)
             assert next_k(probe, drafted, accepted, r.adapt).k <= bound

@@ -167,7 +167,7 @@ def test_batches_are_capped_in_steps() -> None:
 
 
 def test_thread_posts_on_its_own_and_stops_with_a_flush() -> None:
-    reporter, fake, queue, holder, _ = make([], report_interval_s=0.01)
+    reporter, fake, queue, _, _ = make([], report_interval_s=0.01)
     reporter.start()
     deadline = time.monotonic() + 5
     while not fake.bodies and time.monotonic() < deadline:
