@@ -1,37 +1,46 @@
 """Real-engine CPU benchmark: specctl against static, table, EMA-tier and hindsight-oracle speculation.
 
-vLLM 0.32 (CPU build) serving SmolLM2-135M-Instruct (float32, greedy, eager, prefix caching off), n-gram
-drafting, the mixed workload of :mod:`bench.cpu.workload` (prose, JSON with and without response_format,
-code, code edits, tool calls, summaries, multi-turn) through the OpenAI chat endpoint, closed loop at
-concurrency 8 and 1. Side by side in one run, each on its own freshly started engine:
+vLLM 0.32 (CPU build) serving SmolLM2-135M-Instruct (float32, greedy, eager, prefix caching off, Intel OpenMP
+preloaded as vLLM's CPU guide asks), n-gram drafting, the mixed workload of :mod:`bench.cpu.workload` (prose,
+JSON with and without response_format, code, code edits, tool calls, summaries, multi-turn) through the OpenAI
+chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each on its own fresh engine:
 
-  no_spec        plain vLLM, no speculation (the reference for goodput and for greedy equality)
-  k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config)
+  specctl        patched engine + a fresh ``specctl serve`` (default settings): the product. It runs for the
+                 whole benchmark and every other configuration is measured *paired* with it (below)
+  no_spec        plain vLLM, no speculation (the reference for greedy equality)
+  k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config, one engine per N)
   batch_table    plain vLLM, ``num_speculative_tokens_per_batch_size`` = best static k at batch 1 for
                  batch 1 and best static k at concurrency 8 above (tuned in hindsight from the k=N runs)
   ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/ema_tiers.py) driving
-                 per-category overrides (bench/cpu/ema_driver.py)
-  specctl        patched engine + a fresh ``specctl serve`` (default settings): the real product
+                 per-category overrides of its own controller (bench/cpu/ema_driver.py)
   oracle-*       patched engine, per-category (drafter, k) pinned through the overrides API, chosen after
-                 the fact (bench/cpu/oracle.py); the oracle is the best measured per-category static config
-  no_spec-again  (full mode) no speculation once more at the end: run-to-run drift on this shared machine
+                 the fact (bench/cpu/oracle.py); the oracle is the best per-category static config measured
+  no_spec-again  (full mode) no speculation once more: how well two measurements of one config agree
 
-Every configuration: a warm-up pass of distinct prompts (unmeasured), then the measured pass, first at
-concurrency 8, then 1. Goodput = committed tokens / wall time (per category: tokens / summed latency,
-see bench/cpu/measure.py). Every run's token ids are compared with the no-spec run's at the same
-concurrency. Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_traces.json
-(simulator trace), and in bench/results/tmp/cpu_engine/ the recorded telemetry and request token traces
-(inputs of ``specctl replay``).
+Pairing. This machine is shared: its pace drifts by tens of percent within minutes, far more than the few
+percent the comparison is about. So each configuration's measured prompts run in chunks (16 at concurrency
+8, 8 at concurrency 1) alternating with the same chunks on the always-on specctl stack, in ABBA order; the
+two engines never run at once. specctl / X is then measured in the same minutes, and X's goodput rescaled
+by specctl's pace in those minutes (``normalised``) ranks the baselines (best static k, the oracle).
+
+Every configuration gets a warm-up pass of distinct prompts (unmeasured) per concurrency; specctl's
+controller starts knowing nothing and learns from its warm-up and all its chunks, as in a deployment.
+Goodput = committed tokens / wall time (per category: tokens / summed latency, see bench/cpu/measure.py).
+Every run's token ids are compared with the no-spec run's at the same concurrency.
+Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_traces.json (simulator trace),
+and in bench/results/tmp/cpu_engine/: recorded telemetry, request token traces (``specctl replay`` inputs) and
+a checkpoint (``--post-only`` recomputes the results from it).
 
     python -m bench.cpu_engine --quick          # 2 prompts per category (16 prompts)
     python -m bench.cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
-    python -m bench.cpu_engine --only no_spec,k=2,specctl --quick    # a subset while developing
+    python -m bench.cpu_engine --only no_spec,k=2 --quick    # a subset while developing (specctl always runs)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import platform
 import sys
 import time
@@ -72,21 +81,23 @@ class Bench:
         self.warm = bench_workload(args.warmup_per_category, seed=1, exclude=exclude)
         self.by_c = {c: (self.prompts[:n_c1] if c == 1 else self.prompts) for c in self.concurrencies}
         self.runs: dict[str, dict] = {}
+        #: run name -> concurrency -> its measured requests (chunks merged); "specctl@X": specctl paired with X
         self.records: dict[str, dict[int, Phase]] = {}
         self.margins: dict[str, list[tuple[float, float]]] = {}
         self.extra: dict[str, dict] = {}
         self.model_dir = None
+        self.ref: engines.Stack | None = None  # the specctl stack every configuration is paired with
 
-    # -- one configuration -------------------------------------------------------------------------------
+    # -- one configuration, paired with specctl ------------------------------------------------------------
     def run(self, cfg: engines.RunConfig) -> None:
         started = time.monotonic()
         entry = {"config": {"patched": cfg.patched, "speculative": cfg.speculative, "role": cfg.role,
-                            "pins": {str(c): p for c, p in cfg.pins.items()}}, "phases": {}}
+                            "pins": {str(c): p for c, p in cfg.pins.items()}}, "phases": {}, "paired_specctl": {}}
         self.runs[cfg.name] = entry
         self.records[cfg.name] = {}
         try:
             workdir = self.tmp / "runs" / _slug(cfg.name)
-            with engines.start(cfg, self.model_dir, workdir, self.args.omp_bind) as st:
+            with engines.start(cfg, self.model_dir, workdir, self.args.omp_bind, self.args.ld_preload) as st:
                 entry["startup_s"] = round(time.monotonic() - started, 1)
                 driver = None
                 if cfg.role == "ema_tiers":
@@ -94,13 +105,11 @@ class Bench:
 
                     driver = EmaOverrideDriver(st.controller.url, ADMIN_TOKEN, PROBE_CATEGORIES, engines.K_MAX).start()
                     st.proxy.observers.append(driver.observe)
-                for c in self.concurrencies:
-                    self._phase(cfg, st, c, entry)
-                if cfg.name == "no_spec":
-                    ref = run_phase(st.engine.url, self.prompts, max(self.concurrencies), logprobs=2,
-                                    desc="no_spec reference log-probs")
-                    self.margins = {r.id: r.top2 for r in ref.records}
-                    self.extra["logprob_pass_records"] = ref.records
+                for c in cfg.concurrencies or self.concurrencies:
+                    if c > 0:
+                        self._paired(cfg, st, c, entry)
+                if cfg.role == "reference":
+                    self._logprob_pass(st)
                 if driver is not None:
                     driver.stop()
                     entry["ema"] = {"changes": driver.changes, "steps_at_k": dict(driver.steps_at_k),
@@ -109,30 +118,77 @@ class Bench:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             tqdm.write(f"{cfg.name}: FAILED {entry['error']}\n{traceback.format_exc()[-2000:]}")
         entry["wall_s"] = round(time.monotonic() - started, 1)
+        self.checkpoint()
 
-    def _phase(self, cfg: engines.RunConfig, st: engines.Stack, c: int, entry: dict) -> None:
+    def _paired(self, cfg: engines.RunConfig, st: engines.Stack, c: int, entry: dict) -> None:
+        """Warm ``cfg`` up, then run the measured prompts in chunks alternating between it and specctl."""
         name = cfg.name
         if cfg.role == "oracle":
             engines.set_pins(st.controller.url, cfg.pins[c], f"hindsight oracle, concurrency {c}")
             self._wait_policy(st)
-        if st.proxy is not None:
-            st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_warm_c{c}.jsonl")
+        self._record(st, f"{_slug(name)}_warm_c{c}")
         run_phase(st.engine.url, self.warm if c > 1 else self.warm[:WARMUP_C1], c, desc=f"{name} c={c} warm-up")
+        prompts = self.by_c[c]
+        size = chunk_size(c)
+        sides: dict[str, list[Phase]] = {name: [], "specctl": []}
+        loads, cpu = [], {name: 0.0, "specctl": 0.0}
+        for j, i in enumerate(range(0, len(prompts), size)):
+            chunk = prompts[i : i + size]
+            order = [(name, st), ("specctl", self.ref)]
+            for side, stack in order if j % 2 == 0 else order[::-1]:  # ABBA: a steady drift cancels
+                self._record(stack, f"{_slug(side)}_c{c}")
+                loads.append(measure.load_avg())
+                cpu0 = stack.cpu_seconds()
+                sides[side].append(run_phase(stack.engine.url, chunk, c, desc=f"{side} c={c} [{j + 1}]"))
+                cpu[side] += stack.cpu_seconds() - cpu0
+                self._record(stack, None)
+        for side, phases in sides.items():
+            merged = merge(phases, c)
+            summary = measure.summarise(merged, cpu[side], (min(loads), max(loads))).to_dict()
+            if side == name:
+                entry["phases"][str(c)] = summary
+                self.records[name][c] = merged
+            else:
+                entry["paired_specctl"][str(c)] = summary
+                self.records[f"specctl@{name}"] = {**self.records.get(f"specctl@{name}", {}), c: merged}
+        sp = self.runs.setdefault("specctl", {"config": {"role": "specctl", "patched": True}, "phases": {},
+                                              "decisions": {}})
+        sp["decisions"][f"{c}@{name}"] = _decisions(self.ref.controller.url)
+        g, gs = entry["phases"][str(c)]["goodput"], entry["paired_specctl"][str(c)]["goodput"]
+        tqdm.write(f"{name:>16} c={c}: {g:7.1f} tok/s | paired specctl {gs:7.1f} tok/s -> specctl/{name} "
+                   f"{gs / g if g else float('nan'):.3f} (load {min(loads):.1f}..{max(loads):.1f})")
+
+    def _record(self, st: engines.Stack, stem: str | None) -> None:
         if st.proxy is not None:
-            st.proxy.record_to(self.tmp / "telemetry" / f"{_slug(name)}_c{c}.jsonl")
-        cpu0, load0 = st.cpu_seconds(), measure.load_avg()
-        phase = run_phase(st.engine.url, self.by_c[c], c, desc=f"{name} c={c}")
-        cpu1, load1 = st.cpu_seconds(), measure.load_avg()
-        if st.proxy is not None:
-            st.proxy.record_to(None)
-        summary = measure.summarise(phase, cpu1 - cpu0, (load0, load1))
-        entry["phases"][str(c)] = summary.to_dict()
-        self.records[name][c] = phase
-        if cfg.role == "specctl":
-            time.sleep(0.5)
-            entry.setdefault("decisions", {})[str(c)] = _decisions(st.controller.url)
-        tqdm.write(f"{name:>16} c={c}: {summary.goodput:7.1f} tok/s ({summary.tokens} tokens, {summary.wall_s:.1f} s, "
-                   f"{summary.failed} failed, load {load0:.1f}->{load1:.1f})")
+            st.proxy.record_to(self.tmp / "telemetry" / f"{stem}.jsonl" if stem else None)
+
+    def checkpoint(self) -> None:
+        """Everything measured so far, so that a failure after hours of runs loses nothing (``--post-only``)."""
+        state = {"runs": self.runs, "records": self.records, "margins": self.margins, "extra": self.extra,
+                 "table": getattr(self, "table", None), "oracle_info": getattr(self, "oracle_info", None)}
+        tmp = self.tmp / "checkpoint.pkl.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f)
+        tmp.replace(self.tmp / "checkpoint.pkl")
+
+    def restore(self) -> None:
+        with open(self.tmp / "checkpoint.pkl", "rb") as f:
+            state = pickle.load(f)  # our own file, written by checkpoint()
+        self.runs, self.records, self.margins, self.extra = (state["runs"], state["records"], state["margins"],
+                                                             state["extra"])
+        if state["table"] is not None:
+            self.table = state["table"]
+        if state["oracle_info"] is not None:
+            self.oracle_info = state["oracle_info"]
+
+    def _logprob_pass(self, st: engines.Stack) -> None:
+        """Top-2 log-probs of the no-spec engine for every prompt some run disagreed on (near-tie check)."""
+        ids = {m["prompt_id"] for per in self.equality()["by_run"].values() for mm in per.values() for m in mm}
+        prompts = [p for p in self.prompts if p.id in ids]
+        if prompts:
+            ref = run_phase(st.engine.url, prompts, max(self.concurrencies), logprobs=2, desc="log-probs of mismatches")
+            self.margins = {r.id: r.top2 for r in ref.records}
+            self.extra["logprob_pass_records"] = ref.records
 
     def _wait_policy(self, st: engines.Stack) -> None:
         """Until the engine reports running the controller's newest policy (the pins are in force)."""
@@ -158,29 +214,66 @@ class Bench:
 
         self.model_dir = model_dir(self.args.model_dir)
         plan = [engines.no_spec()] + [engines.static(k) for k in self.args.ks]
-        bar = tqdm(total=len(plan) + 6, desc="configurations", unit="cfg", position=0, dynamic_ncols=True)
-        for cfg in plan:
-            if self.wanted(cfg.name):
-                self.run(cfg)
+        bar = tqdm(total=len(plan) + 5, desc="configurations", unit="cfg", position=0, dynamic_ncols=True)
+        spec_cfg = engines.patched("specctl", "specctl")
+        started = time.monotonic()
+        with engines.start(spec_cfg, self.model_dir, self.tmp / "runs" / "specctl", self.args.omp_bind,
+                           self.args.ld_preload) as ref:
+            self.ref = ref
+            self.runs["specctl"] = {"config": {"patched": True, "speculative": spec_cfg.speculative, "role": "specctl"},
+                                    "phases": {}, "decisions": {}, "startup_s": round(time.monotonic() - started, 1)}
+            for c in self.concurrencies:  # the controller starts knowing nothing, like every fresh deployment
+                self._record(ref, f"specctl_warm_c{c}")
+                run_phase(ref.engine.url, self.warm if c > 1 else self.warm[:WARMUP_C1], c, desc=f"specctl c={c} warm-up")
+                self._record(ref, None)
+            for cfg in plan:
+                if self.wanted(cfg.name):
+                    self.run(cfg)
+                bar.update(1)
+            if self.wanted("batch_table"):
+                self.table = self._table()
+                self.run(engines.batch_table(self.table))
             bar.update(1)
-        if self.wanted("batch_table"):
-            self.table = self._table()
-            self.run(engines.batch_table(self.table))
-        bar.update(1)
-        for name, role in (("ema_tiers", "ema_tiers"), ("specctl", "specctl")):
-            if self.wanted(name):
-                self.run(engines.patched(name, role))
+            if self.wanted("ema_tiers"):
+                self.run(engines.patched("ema_tiers", "ema_tiers"))
             bar.update(1)
-        if self.wanted("oracle"):
-            for name, pins in self._oracle_candidates().items():
-                self.run(engines.patched(name, "oracle", pins))
-        bar.update(2)
-        if self.args.repeat_reference and self.wanted("no_spec"):
-            self.run(engines.RunConfig("no_spec-again", False, None))
-        bar.update(1)
+            if self.wanted("oracle"):
+                for name, pins in self._oracle_candidates().items():
+                    self.run(engines.patched(name, "oracle", pins))
+            bar.update(2)
+            if "no_spec" in self.records and (self.args.repeat_reference or self.equality()["total_mismatches"]):
+                # no speculation again (full mode): how far two measurements of one configuration differ after
+                # pairing; and the log-probs of any prompt whose output differed
+                again = (max(self.concurrencies),) if self.args.repeat_reference else (-1,)
+                self.run(engines.RunConfig("no_spec-again", False, None, role="reference", concurrencies=again))
+            bar.update(1)
         bar.close()
+        self.runs["specctl"]["wall_s"] = round(time.monotonic() - started, 1)
+        self.aggregate_specctl()
+        self.checkpoint()
+
+    def aggregate_specctl(self) -> None:
+        """specctl's own figures: all its paired chunks together."""
+        for c in self.concurrencies:
+            phases = [ph[c] for n, ph in self.records.items() if n.startswith("specctl@") and c in ph]
+            if phases:
+                self.runs["specctl"]["phases"][str(c)] = measure.summarise(merge(phases, c)).to_dict()
+
+    def normalized(self, name: str, c: int) -> dict | None:
+        return report.normalized(self.runs, name, str(c))
 
     def _best_static(self, c: int) -> int:
+        self.aggregate_specctl()
+        best = (-1.0, 0)
+        for name in self.runs:
+            k = oracle.static_k(name)
+            norm = self.normalized(name, c) if k is not None else None
+            if norm and norm["goodput"] > best[0]:
+                best = (norm["goodput"], k)
+        return best[1]
+
+    def _best_static(self, c: int) -> int:
+        self.aggregate_specctl()
         best = (-1.0, 0)
         for name, run in self.runs.items():
             k = oracle.static_k(name)
@@ -198,6 +291,7 @@ class Bench:
 
     # -- oracle -------------------------------------------------------------------------------------------
     def _oracle_candidates(self) -> dict[str, dict[int, dict[str, tuple[int, str]]]]:
+        self.aggregate_specctl()
         self.oracle_info: dict = {"candidates": {}, "fit": {}, "predicted": {}}
         ref = self.records.get("no_spec", {})
         if not ref:
@@ -210,12 +304,13 @@ class Bench:
             trs = traces.request_traces(ref[c].records)
             work = oracle.workload(trs, c)
             profiles = whatif.trace_profiles(trs, proposers, list(range(1, engines.K_MAX + 1)))
-            walls = {oracle.static_k(n): r["phases"][str(c)]["wall_s"] for n, r in self.runs.items()
-                     if oracle.static_k(n) is not None and str(c) in r["phases"]}
+            norms = {n: self.normalized(n, c) for n in self.runs if oracle.static_k(n) is not None}
+            # wall time each static run would have taken at specctl's average pace (paired rescaling)
+            walls = {oracle.static_k(n): v["tokens"] / v["goodput"] for n, v in norms.items() if v and v["goodput"]}
             cost, fit = oracle.fit_cost(work, profiles, walls)
             self.oracle_info["fit"][str(c)] = fit
             modelled[c] = oracle.model_choice(work, profiles, cost)
-            per = {n: r["phases"][str(c)]["per_category"] for n, r in self.runs.items() if str(c) in r["phases"]}
+            per = {n: v["per_category"] for n, v in norms.items() if v}
             measured[c] = oracle.measured_argmax(per)
             self.oracle_info["predicted"][str(c)] = {
                 "model": oracle.predicted_goodput(work, profiles, cost, modelled[c]),
@@ -229,12 +324,7 @@ class Bench:
         return out
 
     def oracle_name(self, c: int) -> str | None:
-        """The best measured per-category static configuration: oracle runs and uniform static runs."""
-        cands = [n for n in self.runs if n.startswith("oracle") or oracle.static_k(n) is not None]
-        cands = [n for n in cands if str(c) in self.runs[n]["phases"] and n != "no_spec-again"]
-        if not any(n.startswith("oracle") for n in cands):
-            return None
-        return max(cands, key=lambda n: self.runs[n]["phases"][str(c)]["goodput"])
+        return report.oracle_name(self.runs, str(c))
 
     # -- after the runs ------------------------------------------------------------------------------------
     def equality(self) -> dict:
@@ -244,7 +334,7 @@ class Bench:
             if ref is None:
                 continue
             for name, phases in self.records.items():
-                if name == "no_spec" or c not in phases:
+                if name in ("no_spec", "no_spec-again", "specctl@no_spec-again") or c not in phases:
                     continue
                 mm = measure.mismatches(ref.records, phases[c].records, self.margins)
                 out["by_run"].setdefault(name, {})[str(c)] = [m.to_dict() for m in mm]
@@ -254,6 +344,9 @@ class Bench:
         ref8 = self.records.get("no_spec", {}).get(max(self.concurrencies))
         if lp is not None and ref8 is not None:
             out["control_logprob_pass_vs_no_spec"] = len(measure.mismatches(ref8.records, lp, self.margins))
+        again = self.records.get("no_spec-again", {}).get(max(self.concurrencies))
+        if again is not None and ref8 is not None:
+            out["control_no_spec_again_vs_no_spec"] = len(measure.mismatches(ref8.records, again.records, self.margins))
         if len(self.concurrencies) > 1 and "no_spec" in self.records:
             a, b = (self.records["no_spec"].get(c) for c in self.concurrencies[:2])
             if a and b:
@@ -295,13 +388,25 @@ class Bench:
                 continue
             proposers, _ = replay_core.default_proposers("ngram", ["suffix"], "auto")
             rep = replay_core.replay(batches, traces.request_traces(ref[c].records), proposers)
-            measured = report.ratios(self.runs, str(c), self.oracle_name(c)).get("vs_no_spec", {})
+            measured = report.ratios(self.runs, str(c)).get("vs_no_spec", {})
             out[str(c)] = {"estimated_vs_off": {n: round(r["vs_off"], 4) for n, r in rep["policies"].items()},
                            "measured_vs_no_spec": {n: round(v, 4) for n, v in measured.items()},
                            "measured_engine_goodput": rep["measured_goodput"],
                            "choices": {n: r["choice"] for n, r in rep["policies"].items()
                                        if n in ("goodput", "oracle")}}
         return out
+
+
+def chunk_size(c: int) -> int:
+    """Prompts per alternation chunk: one per category per 4 concurrent requests (16 at c=8, 8 at c=1), long
+    enough to hold the concurrency, short enough that load changes on the machine hit both sides alike."""
+    return len(CATEGORIES) * max(1, c // 4)
+
+
+def merge(phases: list[Phase], c: int) -> Phase:
+    """Chunks as one phase: the records in order, the wall time summed (idle time between chunks excluded)."""
+    records = [r for ph in phases for r in ph.records]
+    return Phase(c, records, 0.0, sum(ph.wall_s for ph in phases))
 
 
 def _decisions(url: str) -> list[dict]:
@@ -338,10 +443,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--omp-bind", default=engines.default_omp_bind(),
                     help="VLLM_CPU_OMP_THREADS_BIND of every engine (default: the last CPU, %(default)s; 'auto' = vLLM's)")
+    ap.add_argument("--ld-preload", default=engines.default_ld_preload(),
+                    help="LD_PRELOAD of every engine (default: this environment's Intel OpenMP, %(default)r; '' = none)")
     ap.add_argument("--out", default=str(RESULTS / "cpu_engine.json"))
     ap.add_argument("--traces-out", default=str(RESULTS / "cpu_traces.json"))
     ap.add_argument("--workdir", default=str(RESULTS / "tmp" / "cpu_engine"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--post-only", action="store_true",
+                    help="no runs: redo the results from the checkpoint of an earlier run in --workdir")
     a = ap.parse_args(argv)
     full, quick = (16, 4, 2), (2, 2, 1)
     defaults = quick if a.quick else full
@@ -358,15 +467,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     bench = Bench(args)
-    bench.main_plan()
+    if args.post_only:
+        bench.restore()
+    else:
+        bench.main_plan()
     cs = [str(c) for c in bench.concurrencies]
-    rat = {c: report.ratios(bench.runs, c, bench.oracle_name(int(c))) for c in cs}
+    rat = {c: report.ratios(bench.runs, c) for c in cs}
     out = {
         "benchmark": "specctl CPU engine (vLLM 0.32 CPU, SmolLM2-135M-Instruct, n-gram)",
         "settings": {"per_category": args.per_category, "per_category_c1": args.per_category_c1,
                      "warmup_per_category": args.warmup_per_category,
                      "prompts": len(bench.prompts), "categories": list(CATEGORIES), "concurrency": bench.concurrencies,
                      "fixed_ks": args.ks, "quick": args.quick, "k_max_patched": engines.K_MAX, "omp_bind": args.omp_bind,
+                     "ld_preload": args.ld_preload,
                      "engine": "float32, enforce-eager, prefix caching off, KV cache 1 GiB, seed 0, n-gram lookup 2..4",
                      "python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus()},
         "batch_table": getattr(bench, "table", None),

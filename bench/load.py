@@ -468,6 +468,12 @@ def _measure(cfg: LoadConfig, url: str, token: str, proc: subprocess.Popen | Non
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "loadavg_before": load_before,
                  "loadavg_after": Path("/proc/loadavg").read_text().split()[:3]},
     }
+    if pid and merged["sent"]:
+        # CPU time per request does not depend on how much CPU other work left to the server: it gives the
+        # request rate one fully available core would sustain (the server is one process, one event loop)
+        cpu_ms = (cpu1 - cpu0) * 1000 / merged["sent"]
+        report["server"]["cpu_ms_per_post"] = round(cpu_ms, 3)
+        report["server"]["posts_per_core_s"] = round(1000 / cpu_ms) if cpu_ms else None
     rss = report["server"]["rss_mb_peak_hwm"]
     report["targets"] = {
         "p99_ms": {"target": TARGET_P99_MS, "measured": report["latency_ms"]["p99"],
@@ -490,6 +496,9 @@ def print_report(r: dict, out: Path) -> None:
     print(f"  generator   cpu {r['generator_cpu_cores']} cores ({c['procs']} processes)")
     print(f"  server      cpu {srv['cpu_cores_used']} cores   rss max {srv['rss_mb_max_sampled']} MB   "
           f"peak {srv['rss_mb_peak_hwm']} MB (target <= {TARGET_RSS_MB:g})")
+    if srv.get("cpu_ms_per_post"):
+        print(f"              {srv['cpu_ms_per_post']} ms CPU per post -> {srv['posts_per_core_s']} posts/s per "
+              f"fully available core (target load {r['target_batches_per_s']:.0f}/s)")
     print(f"  reconcile   acked {rec['acked_batches']}   server accepted {rec['server_accepted_batches']}   "
           f"lost {rec['lost_acked_batches']}   over-counted {rec['server_counted_more_than_acked']}")
     print(f"              duplicates: client {rec['client_duplicate_acks']} / server {rec['server_duplicate_batches']}"

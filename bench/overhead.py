@@ -11,8 +11,9 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   model-free drafting (the suffix method's own cost, like vLLM's n-gram drafter: not overhead), and
   ``overhead = (hook - drafting) / step`` against the 1 % target.
 * **micro** -- the same hook on synthetic ``vllm.v1.request.Request`` objects driven by
-  :class:`tests.support.engine_sim.SimEngine` (no model), N = 1..256: the hook's cost without the noise of a
-  real step, divided by the engine's measured step time at the same N.
+  :class:`tests.support.engine_sim.SimEngine` (no model), N = 1..256, timed in CPU time of the process
+  (``process_time_ns``): the hook's own cost without the noise of a real step or of other processes, divided
+  by the engine's measured step time at the same N.
 
 Usage: ``python -m bench.overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``.
 The reporter thread is off (``SPECCTL_CONTROLLER_URL=off``): it runs beside the engine loop, not in it.
@@ -157,7 +158,9 @@ def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
         rng = random.Random(n)
         holder = PolicyHolder(engine)
         holder.install(bench_policy(), time.monotonic())
-        hook = SpecHook(engine, holder, StepQueue(100_000), counterfactual_share=0.0)
+        # CPU time of this process, not wall time: on a shared machine a descheduled process would otherwise
+        # charge other processes' work to the hook.
+        hook = SpecHook(engine, holder, StepQueue(100_000), counterfactual_share=0.0, perf_ns=time.process_time_ns)
         scripts: dict[str, list[int]] = {}
         sim = SimEngine(hook, engine.k_max, None, scripts)
         sim.drafter = script_drafter(sim, lambda r, rng=rng: rng.randrange(0, 5))

@@ -291,3 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(out)
     print(f"\nwrote {path}" + ("" if a.no_plots else " and " + ", ".join(out["plots"])))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -80,11 +80,21 @@ def _ensure_attached(suite: FaultSuite, timeout_s: float = 30.0) -> float:
 
 
 def _last_policy_answer(suite: FaultSuite, before: float) -> float:
-    """When the engine last received a controller answer in time (the policy's receipt, at the latest)."""
+    """When the engine last received a usable controller answer before ``before`` (its policy's receipt).
+
+    Called with the end of the outage: an answer to a post already in flight when the fault began (or
+    while a controller shut down gracefully) still renewed the policy.
+    """
     answered = [done for got, done, status, fault in list(suite.proxy.answers)
                 if done < before and fault is Fault.PASS and status == 200 and done - got < REQUEST_TIMEOUT_S]
     assert answered, "no controller answer reached the engine before the fault"
     return answered[-1]
+
+
+def _first_answer_after(suite: FaultSuite, since: float) -> float | None:
+    """When the engine first got a usable controller answer after ``since`` (it applies a policy from then)."""
+    return next((done for got, done, status, fault in list(suite.proxy.answers)
+                 if got >= since and fault is Fault.PASS and status == 200 and done - got < REQUEST_TIMEOUT_S), None)
 
 
 def _reattached_at(suite: FaultSuite, since: float, timeout_s: float) -> float | None:
@@ -159,26 +169,30 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, applied_k: int | No
                                                  if w.drafts and w.t1 <= t_heal), default=None)
     attached = _reattached_at(suite, t_heal, REATTACH_BOUND_S + 5)
     report.reattach_s = None if attached is None else attached - t_heal
-    steps = _steps_delivered(suite, t_fault - 1.0, (attached or t_heal) + 3.0)
+    # the engine applies the controller's policy again from its first usable answer after the heal
+    back_at = _first_answer_after(suite, t_heal) or attached or t_heal
+    steps = _steps_delivered(suite, t_fault - 1.0, back_at + 3.0)
     _check_requests(suite, report, t_fault)
 
-    last_answer = _last_policy_answer(suite, t_fault)
-    during = [s for s in steps if t_fault <= s.start < (attached or t_heal)]
+    last_answer = _last_policy_answer(suite, t_heal)
+    during = [s for s in steps if t_fault <= s.start < back_at]
     report.notes["steps_recorded"] = len(during)
+    report.notes["last_answer_s"] = round(last_answer - t_fault, 3)
+    report.notes["back_at_s"] = round(back_at - t_fault, 3)
     report.notes["max_step_wall_s"] = max((s.wall_s for s in during), default=None)
     report.notes["step_bound_s"] = _step_bound(baseline)
     if applied_k is None:
-        _check_hold_then_static(report, steps, t_fault, last_answer, attached or t_heal)
+        _check_hold_then_static(report, steps, t_fault, last_answer, back_at)
     else:
-        _check_clamped(suite, report, steps, t_fault, attached or t_heal, applied_k)
-    back = [s for s in steps if attached is not None and s.start > attached and s.depth == PINNED_K]
+        _check_clamped(suite, report, steps, t_fault, back_at, applied_k)
+    back = [s for s in steps if s.start > back_at and s.depth == PINNED_K]
     report.pinned_again_s = back[0].start - t_heal if back else None
 
     assert not report.failed, report.failed
     assert not report.mismatched, report.mismatched
     assert report.reattach_s is not None and report.reattach_s <= REATTACH_BOUND_S, report
     assert report.pinned_again_s is not None, f"no engine step back at k={PINNED_K}: {report}"
-    late = [s for s in steps if attached is not None and s.start > attached + RECEIPT_SLACK_S and s.depth != PINNED_K]
+    late = [s for s in steps if s.start > back_at + RECEIPT_SLACK_S and s.depth != PINNED_K]
     assert not late, f"steps not at the controller's k after re-attaching: {late[:3]}"
     assert during, f"no engine step of the fault reached the controller: {report}"
     assert report.notes["max_step_wall_s"] < report.notes["step_bound_s"], report
@@ -334,24 +348,26 @@ def test_controller_restarted_mid_load(suite):
     baseline = engine_steps(suite.proxy.seen_since(following_since - 30), following_since - 5, time.monotonic())
     learned_before = _request_steps(suite)
     t0 = time.monotonic()
-    last_answer = _last_policy_answer(suite, t0)
     ctl.restart(signal.SIGTERM)
     ready = time.monotonic()
+    last_answer = _last_policy_answer(suite, ready)
     report.notes.update(downtime_s=round(ready - t0, 3), learned_request_steps_before=learned_before,
                         learned_request_steps_after=_request_steps(suite))
     attached = _reattached_at(suite, ready, REATTACH_BOUND_S + 5)
     report.reattach_s = None if attached is None else attached - ready
-    steps = _steps_delivered(suite, t0 - 1.0, (attached or ready) + 3.0)
+    back_at = _first_answer_after(suite, ready) or attached or ready
+    steps = _steps_delivered(suite, t0 - 1.0, back_at + 3.0)
     report.mean_k_during = _mean_k(suite, t0, ready)
     _check_requests(suite, report, t0)
-    during = [s for s in steps if t0 <= s.start < (attached or ready)]
+    during = [s for s in steps if t0 <= s.start < back_at]
     report.notes.update(steps_recorded=len(during), max_step_wall_s=max((s.wall_s for s in during), default=None),
-                        step_bound_s=_step_bound(baseline))
+                        step_bound_s=_step_bound(baseline), last_answer_s=round(last_answer - t0, 3),
+                        back_at_s=round(back_at - t0, 3))
     # held until expiry; static only for steps started after it (if the restart outlasted the TTL)
     report.expiry_s = last_answer + POLICY_TTL_S - t0
     early = [s for s in during if s.start < last_answer + POLICY_TTL_S and s.depth != PINNED_K]
     late = [s for s in during if s.start >= last_answer + POLICY_TTL_S + RECEIPT_SLACK_S and s.depth != K_MAX]
-    back = [s for s in steps if attached is not None and s.start > attached and s.depth == PINNED_K]
+    back = [s for s in steps if s.start > back_at and s.depth == PINNED_K]
     report.pinned_again_s = back[0].start - ready if back else None
 
     assert report.notes["learned_request_steps_after"] >= learned_before > 0

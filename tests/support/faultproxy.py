@@ -371,22 +371,21 @@ class FaultProxy:
         telemetry = request.method == "POST" and request.target.split("?")[0] == "/v1/telemetry"
         if telemetry:
             self.seen.append(_summarise_telemetry(request.body, fault))
-        answered = await self._serve_fault(request, reader, writer, fault, latency_s, hostile, upstream)
-        if telemetry and answered is not None:
-            self.answers.append((received, time.monotonic(), answered, fault))
-        return answered is not None
+        note = (received, fault) if telemetry else None
+        return await self._serve_fault(request, reader, writer, fault, latency_s, hostile, upstream, note)
 
     async def _serve_fault(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           fault: Fault, latency_s: float, hostile: Hostile, upstream: str) -> int | None:
-        """Answer under ``fault``; the status sent, or None when the connection was dropped instead."""
+                           fault: Fault, latency_s: float, hostile: Hostile, upstream: str,
+                           note: tuple[float, Fault] | None) -> bool:
+        """Answer under ``fault``; False when the connection was dropped instead."""
         if fault in (Fault.RESET, Fault.REFUSE):
             _abort(writer)
-            return None
+            return False
         if fault is Fault.HANG:
             await self._hang(reader)
-            return None
+            return False
         if fault is Fault.HTTP500:
-            return await self._answer(writer, 500, [("content-type", "text/plain")], b"injected fault: 500\n")
+            return await self._answer(writer, 500, [("content-type", "text/plain")], b"injected fault: 500\n", note)
         if fault is Fault.LATENCY:
             await asyncio.sleep(latency_s)
         try:
@@ -398,20 +397,23 @@ class FaultProxy:
         except httpx.HTTPError:
             self.stats.upstream_errors += 1
             _abort(writer)
-            return None
+            return False
         headers = list(upstream_response.headers.multi_items())
         body = upstream_response.content
         if fault is Fault.HOSTILE:
             body = self._huge_body if hostile is Hostile.HUGE_PAYLOAD else hostile_body(hostile, body)
             headers = [(k, v) for k, v in headers if k.lower() not in ("etag", "content-type")]
             headers.append(("content-type", "application/json"))
-        return await self._answer(writer, upstream_response.status_code, headers, body)
+        return await self._answer(writer, upstream_response.status_code, headers, body, note)
 
-    async def _answer(self, writer: asyncio.StreamWriter, status: int, headers, body: bytes) -> int:
+    async def _answer(self, writer: asyncio.StreamWriter, status: int, headers, body: bytes,
+                      note: tuple[float, Fault] | None = None) -> bool:
+        if note is not None:  # recorded before the write, so a client that has its answer also finds the record
+            self.answers.append((note[0], time.monotonic(), status, note[1]))
         writer.write(_response_bytes(status, headers, body))
         await writer.drain()
         self.stats.statuses[status] += 1
-        return status
+        return True
 
     async def _hang(self, reader: asyncio.StreamReader) -> None:
         """Hold the connection until the client gives up or the proxy stops; never answer."""
