@@ -15,7 +15,8 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   (``process_time_ns``): the hook's own cost without the noise of a real step or of other processes, divided
   by the engine's measured step time at the same N.
 
-Usage: ``python -m bench.overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``.
+Usage: ``python -m bench.overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``
+(a skipped part keeps its rows from the existing results file).
 The reporter thread is off (``SPECCTL_CONTROLLER_URL=off``): it runs beside the engine loop, not in it.
 """
 
@@ -218,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.support.stack import model_dir
 
-    engine_rows = [] if args.skip_engine else engine_run(model_dir(args.model), sizes, args.tokens)
-    micro_rows = [] if args.skip_micro else micro_run(sizes)
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    # A skipped part keeps its rows from the previous results file, so the two parts can be rerun separately.
+    engine_rows = previous.get("engine", []) if args.skip_engine else engine_run(model_dir(args.model), sizes, args.tokens)
+    micro_rows = previous.get("micro", []) if args.skip_micro else micro_run(sizes)
     table = combine(engine_rows, micro_rows)
     worst = max((r.get("engine_overhead_share", 0.0) for r in table), default=None)
     result = {
@@ -230,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         "micro": micro_rows,
         "side_by_side": table,
         "meta": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                 "sizes": sizes, "tokens": args.tokens, "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                 "load_average": os.getloadavg(), "sizes": sizes, "tokens": args.tokens,
+                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
