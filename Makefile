@@ -28,6 +28,9 @@ demo: venv model
 test: venv model
 	$(PY) -m pytest -q -ra tests
 
+test-e2e: venv model
+	$(PY) -m pytest -q -ra -m e2e tests/e2e
+
 test-unit: venv
 	$(PY) -m pytest -q -ra tests/unit
 

@@ -161,7 +161,7 @@ def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
         holder.install(bench_policy(), time.monotonic())
         # CPU time of this process, not wall time: on a shared machine a descheduled process would otherwise
         # charge other processes' work to the hook.
-        hook = SpecHook(engine, holder, StepQueue(100_000), counterfactual_share=0.0, perf_ns=time.process_time_ns)
+        hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=time.process_time_ns)
         scripts: dict[str, list[int]] = {}
         sim = SimEngine(hook, engine.k_max, None, scripts)
         sim.drafter = script_drafter(sim, lambda r, rng=rng: rng.randrange(0, 5))
@@ -220,9 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.stack import model_dir
 
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    # A skipped part keeps its rows from the previous results file, so the two parts can be rerun separately.
-    engine_rows = previous.get("engine", []) if args.skip_engine else engine_run(model_dir(args.model), sizes, args.tokens)
-    micro_rows = previous.get("micro", []) if args.skip_micro else micro_run(sizes)
+    now = {"load_average": os.getloadavg(), "sizes": sizes, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    # A skipped part keeps its rows (and their run's metadata) from the previous results file, so the two parts
+    # can be rerun separately.
+    if args.skip_engine:
+        engine_rows, engine_meta = previous.get("engine", []), previous.get("meta", {}).get("engine")
+    else:
+        engine_rows = engine_run(model_dir(args.model), sizes, args.tokens)
+        engine_meta = {**now, "tokens_per_request": args.tokens, "timer": "perf_counter_ns (wall)"}
+    if args.skip_micro:
+        micro_rows, micro_meta = previous.get("micro", []), previous.get("meta", {}).get("micro")
+    else:
+        micro_rows = micro_run(sizes)
+        micro_meta = {**now, "timer": "process_time_ns (CPU time of the process)"}
     table = combine(engine_rows, micro_rows)
     worst = max((r.get("engine_overhead_share", 0.0) for r in table), default=None)
     result = {
@@ -233,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "micro": micro_rows,
         "side_by_side": table,
         "meta": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                 "load_average": os.getloadavg(), "sizes": sizes, "tokens": args.tokens,
-                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                 "engine": engine_meta, "micro": micro_meta},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

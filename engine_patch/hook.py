@@ -10,8 +10,10 @@ Per step, three sections, each O(1) per request, no I/O, no locks:
     * cap the drafts to the request's k: ``spec_token_ids = spec_token_ids[:k]`` -- always a *new* list,
       because the async scheduler shares one placeholder list between requests;
     * note the largest k this request can need next step (:func:`~engine_patch.policy_table.next_k_bound`);
-    then score model-free drafters counterfactually on a few requests, within a token bucket that refills
-    at ``counterfactual_share`` of step time.
+    then score model-free drafters counterfactually on a few requests, within a token bucket: each step adds
+    ``overhead_budget`` x step time minus what the rest of the hook cost in that step, so the patch's total
+    per-step work (model-free drafting aside) stays within the budget on average, and the scoring only gets
+    what the per-request work leaves.
 
 ``after_schedule(output)`` -- at the start of vLLM's ``_update_after_schedule`` (still inside
 ``schedule()``, before the async scheduler sizes its placeholders): set
@@ -48,7 +50,8 @@ from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_counterfac
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"
-#: Counterfactual credit never exceeds this, so a long idle period does not buy a burst of scoring work.
+#: Counterfactual credit stays within +-this: an idle period does not buy a burst of scoring work, and a
+#: period where the hook alone overran the budget is forgotten after a while.
 CF_CREDIT_CAP_NS = 20_000_000
 
 
@@ -112,12 +115,14 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "depth", "hook_ns", "output", "t0", "table")
+    __slots__ = ("agg", "cf_ns", "depth", "draft_ns", "hook_ns", "output", "t0", "table")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
         self.t0 = t0
         self.hook_ns = 0
+        self.cf_ns = 0  # counterfactual scoring, within hook_ns
+        self.draft_ns = 0  # model-free drafting, within hook_ns
         self.depth = 0
         self.table = table
         self.agg: Aggregate = {}
@@ -132,7 +137,7 @@ class SpecHook:
         *,
         async_mode: bool = False,
         max_categories: int = 24,
-        counterfactual_share: float = 0.004,
+        overhead_budget: float = 0.005,
         min_draft_depth: int = 0,
         search_window: int = 4096,
         num_sampled_per_step: int = 1,
@@ -145,8 +150,8 @@ class SpecHook:
         self.queue = queue
         self.async_mode = async_mode
         self.max_categories = max_categories
-        self.cf_share = counterfactual_share
-        self.cf_methods = tuple(engine.model_free_methods) if engine.k_max > 0 and counterfactual_share > 0 else ()
+        self.budget = overhead_budget
+        self.cf_methods = tuple(engine.model_free_methods) if engine.k_max > 0 and overhead_budget > 0 else ()
         self.min_draft_depth = min(min_draft_depth, engine.k_max)
         self.window = search_window
         self.num_sampled = num_sampled_per_step
@@ -215,7 +220,7 @@ class SpecHook:
             rule = state.rule
             if rule.model_free:
                 if can_replace and k > 0 and request.num_tokens - request.num_computed_tokens == 1:
-                    self._draft_model_free(request, state, k)
+                    step.draft_ns += self._draft_model_free(request, state, k)
             else:
                 bound = next_k_bound(state.adapt, rule) if state.adaptive else k
                 depth = max(depth, bound)
@@ -228,7 +233,8 @@ class SpecHook:
         step.hook_ns = self.perf_ns() - t0
         self._next = step
 
-    def _draft_model_free(self, request: Any, state: RequestState, k: int) -> None:
+    def _draft_model_free(self, request: Any, state: RequestState, k: int) -> int:
+        """Replace the request's drafts by the patch's own proposal; returns the ns it took."""
         t = self.perf_ns()
         if state.history is None:
             state.history = TokenHistory(request.num_tokens + 64)
@@ -237,7 +243,9 @@ class SpecHook:
         if proposal and self.validate_drafts is not None and getattr(request, "use_structured_output", False):
             proposal = self.validate_drafts(request, proposal)
         request.spec_token_ids = proposal
-        self.stats.draft_ns += self.perf_ns() - t
+        spent = self.perf_ns() - t
+        self.stats.draft_ns += spent
+        return spent
 
     # -- counterfactual scoring ------------------------------------------------------------------------
 
@@ -257,6 +265,7 @@ class SpecHook:
         self._cf_cursor = i
         spent = self.perf_ns() - start
         self._cf_credit_ns -= spent
+        step.cf_ns += spent
         self.stats.cf_ns += spent
 
     def _score_request(self, request: Any, state: RequestState, agg: Aggregate) -> None:
@@ -411,9 +420,13 @@ class SpecHook:
             ))
         end = self.perf_ns()
         wall_ns = end - step.t0
+        hook_ns = step.hook_ns + (end - t)
         if self.cf_methods:
-            self._cf_credit_ns = min(self._cf_credit_ns + self.cf_share * wall_ns, CF_CREDIT_CAP_NS)
-        self.stats.record(batch, step.hook_ns + (end - t), wall_ns)
+            # What this step's budget leaves once the rest of the hook (drafting aside) is paid for.
+            left = self.budget * wall_ns - (hook_ns - step.cf_ns - step.draft_ns)
+            credit = self._cf_credit_ns + left
+            self._cf_credit_ns = min(max(credit, -CF_CREDIT_CAP_NS), CF_CREDIT_CAP_NS)
+        self.stats.record(batch, hook_ns, wall_ns)
 
     # -- helpers for tests and the benchmark -----------------------------------------------------------
 

@@ -89,7 +89,7 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         queue,
         async_mode=async_mode,
         max_categories=settings.max_categories,
-        counterfactual_share=settings.counterfactual_share,
+        overhead_budget=settings.overhead_budget,
         min_draft_depth=settings.min_draft_depth,
         search_window=settings.search_window_tokens,
         num_sampled_per_step=getattr(scheduler, "num_sampled_tokens_per_step", 1),

@@ -23,6 +23,8 @@ logger = logging.getLogger("vllm.specctl.settings")
 #: ``SPECCTL_CONTROLLER_URL`` values that turn reporting (and so policies) off: the patch then only applies
 #: the engine's static speculative config, exactly like an unpatched engine.
 REPORTING_OFF = {"", "off", "none", "disabled"}
+#: Older variable names still read (``SPECCTL_<old>`` -> field): 0 turned scoring off then as it does now.
+LEGACY_NAMES = {"COUNTERFACTUAL_SHARE": "overhead_budget"}
 
 
 class EngineSettings(BaseSettings):
@@ -87,12 +89,13 @@ class EngineSettings(BaseSettings):
         description="distinct categories this engine tracks; later new names map to the default category, so "
         "a client inventing names cannot grow the engine's or controller's state",
     )
-    counterfactual_share: float = Field(
-        default=0.004,
+    overhead_budget: float = Field(
+        default=0.005,
         ge=0,
         le=0.05,
-        description="share of engine step time spent scoring model-free drafters counterfactually (token "
-        "bucket); 0.4 % keeps the patch's total under the 1 % overhead target; 0 turns scoring off",
+        description="share of engine step time the patch's per-step work may take on average (model-free "
+        "drafting, a method's own cost, aside); counterfactual scoring of model-free drafters only uses what the "
+        "per-request work leaves of it. 0.5 % keeps the patch under the 1 % overhead target; 0 turns scoring off",
     )
     min_draft_depth: int = Field(
         default=0,
@@ -149,4 +152,7 @@ def _from_env(env: dict[str, str]) -> EngineSettings:
         for name in EngineSettings.model_fields
         if prefix + name.upper() in env
     }
+    for old, new in LEGACY_NAMES.items():
+        if prefix + old in env and new not in values:
+            values[new] = env[prefix + old]
     return EngineSettings.model_validate(values)

@@ -82,12 +82,14 @@ class SimEngine:
     """Synchronous engine loop: one request's target output is ``script[request_id]``."""
 
     def __init__(self, hook: Any, k_engine: int, drafter: Drafter | None, scripts: dict[str, list[int]],
-                 invalid: Callable[[str, list[int]], int] | None = None) -> None:
+                 invalid: Callable[[str, list[int]], int] | None = None,
+                 execute: Callable[[SimOutput], None] | None = None) -> None:
         self.hook = hook
         self.k_engine = k_engine
         self.drafter = drafter
         self.scripts = scripts
         self.invalid = invalid
+        self.execute = execute  # called where the model would run (e.g. to advance a fake clock)
         self.requests: dict[str, Any] = {}
         self.running: list[Any] = []
         self.waiting: list[Any] = []
@@ -125,6 +127,8 @@ class SimEngine:
         output = SimOutput(num_sched, spec_sched, sum(num_sched.values()),
                            [SimpleNamespace(req_id=r.request_id) for r in new], self.k_engine, invalid)
         hook.after_schedule(output, self.requests)
+        if self.execute is not None:
+            self.execute(output)
         truth = StepTruth()
         sampled: list[list[int]] = []
         index: dict[str, int] = {}

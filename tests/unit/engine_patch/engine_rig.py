@@ -22,7 +22,8 @@ class FakeClock:
 
 
 class StepPerf:
-    """A deterministic ``perf_counter_ns``: every call advances 1 µs, so budgets are exact, not timed."""
+    """A deterministic ``perf_counter_ns``: every call advances 1 µs, and a simulated model execution 10 ms,
+    so budgets are exact, not timed."""
 
     def __init__(self) -> None:
         self.ns = 0
@@ -35,21 +36,24 @@ class StepPerf:
 class Rig:
     """A hook wired to a simulated engine whose drafter is right for the first ``correct`` tokens."""
 
-    def __init__(self, engine: EngineSpec = NGRAM4, *, async_mode: bool = False, cf_share: float = 0.0,
+    def __init__(self, engine: EngineSpec = NGRAM4, *, async_mode: bool = False, budget: float = 0.0,
                  correct: dict[str, int] | None = None, max_categories: int = 24) -> None:
         self.clock = FakeClock()
         self.perf = StepPerf()
         self.holder = PolicyHolder(engine)
         self.queue = StepQueue(10_000)
         self.hook = SpecHook(engine, self.holder, self.queue, async_mode=async_mode,
-                             counterfactual_share=cf_share, max_categories=max_categories, clock=self.clock,
+                             overhead_budget=budget, max_categories=max_categories, clock=self.clock,
                              perf_ns=self.perf)
         self.scripts: dict[str, list[int]] = {}
-        self.sim = SimEngine(self.hook, engine.k_max, None, self.scripts)
+        self.sim = SimEngine(self.hook, engine.k_max, None, self.scripts, execute=self._execute)
         correct = correct or {}
         self.sim.drafter = script_drafter(
             self.sim, lambda r: correct.get((r.sampling_params.extra_args or {}).get("specctl_category", ""), 0))
         self._rng = random.Random(0)
+
+    def _execute(self, output: object) -> None:
+        self.perf.ns += 10_000_000
 
     def add(self, request_id: str, category: str | None = None, *, prompt: list[int] | None = None,
             script: list[int] | None = None, max_tokens: int = 40) -> FakeRequest:

@@ -26,6 +26,11 @@ def test_environment_is_read() -> None:
     assert (s.report_interval_s, s.engine_id) == (0.5, "gpu-3")
 
 
+def test_older_variable_name_is_still_read() -> None:
+    assert load_settings({"SPECCTL_COUNTERFACTUAL_SHARE": "0"}).overhead_budget == 0
+    assert load_settings({"SPECCTL_COUNTERFACTUAL_SHARE": "0", "SPECCTL_OVERHEAD_BUDGET": "0.01"}).overhead_budget == 0.01
+
+
 @pytest.mark.parametrize("value", ["", "off", "OFF", "none", "disabled"])
 def test_reporting_can_be_turned_off(value: str) -> None:
     assert not load_settings({"SPECCTL_CONTROLLER_URL": value}).reporting_enabled
