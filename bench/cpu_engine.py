@@ -15,6 +15,8 @@ chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each
                  per-category overrides of its own controller (bench/cpu/ema_driver.py)
   oracle-*       patched engine, per-category (drafter, k) pinned through the overrides API, chosen after
                  the fact (bench/cpu/oracle.py); the oracle is the best per-category static config measured
+  specctl-min-evidence-N   specctl with its own fresh controller at SPECCTL_POLICY_MIN_EVIDENCE=N (not a
+                 target row: shows what the policy's evidence guardrail costs on this machine)
   no_spec-again  (full mode) no speculation once more: how well two measurements of one config agree
 
 Pairing. This machine is shared: its pace drifts by tens of percent within minutes, far more than the few
@@ -151,6 +153,8 @@ class Bench:
             else:
                 entry["paired_specctl"][str(c)] = summary
                 self.records[f"specctl@{name}"] = {**self.records.get(f"specctl@{name}", {}), c: merged}
+        if cfg.role == "specctl_variant":
+            entry.setdefault("decisions", {})[str(c)] = _decisions(st.controller.url)
         sp = self.runs.setdefault("specctl", {"config": {"role": "specctl", "patched": True}, "phases": {},
                                               "decisions": {}})
         sp["decisions"][f"{c}@{name}"] = _decisions(self.ref.controller.url)
@@ -237,6 +241,11 @@ class Bench:
             if self.wanted("ema_tiers"):
                 self.run(engines.patched("ema_tiers", "ema_tiers"))
             bar.update(1)
+            for value in self.args.variant_min_evidence:
+                name = f"specctl-min-evidence-{value:g}"
+                if self.wanted(name) or self.wanted("variants"):
+                    self.run(engines.patched(name, "specctl_variant",
+                                             controller_env={"SPECCTL_POLICY_MIN_EVIDENCE": str(value)}))
             if self.wanted("oracle"):
                 for name, pins in self._oracle_candidates().items():
                     self.run(engines.patched(name, "oracle", pins))
@@ -438,6 +447,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", default="8,1", help="measured concurrencies, in run order")
     ap.add_argument("--ks", default=",".join(map(str, FIXED_KS)))
     ap.add_argument("--only", default="", help="comma-separated configurations to run (development)")
+    ap.add_argument("--variant-min-evidence", default="30",
+                    help="also run specctl with its own controller at these SPECCTL_POLICY_MIN_EVIDENCE values "
+                         "(comma-separated drafts; '' = none): how much the cold-start guardrail costs here")
     ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
                     help="skip the final no-speculation drift check")
     ap.add_argument("--model-dir", default=None)
@@ -460,6 +472,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.quick:
         a.repeat_reference = False
     a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
+    a.variant_min_evidence = [float(v) for v in a.variant_min_evidence.split(",") if v.strip()]
     return a
 
 

@@ -50,6 +50,7 @@ class RunConfig:
     role: str = "static"  # static | table | specctl | ema_tiers | oracle | reference
     pins: dict[int, dict[str, tuple[int, str]]] = field(default_factory=dict)  # concurrency -> cat -> (k, method)
     concurrencies: tuple[int, ...] = ()  # measured concurrencies (default: all the benchmark's)
+    controller_env: dict[str, str] = field(default_factory=dict)  # extra settings of its specctl serve
 
 
 def no_spec() -> RunConfig:
@@ -64,8 +65,9 @@ def batch_table(table: list[list[int]]) -> RunConfig:
     return RunConfig("batch_table", False, ngram(max(1, max(k for _, _, k in table)), table), role="table")
 
 
-def patched(name: str, role: str, pins: dict[int, dict[str, tuple[int, str]]] | None = None) -> RunConfig:
-    return RunConfig(name, True, ngram(K_MAX), role=role, pins=pins or {})
+def patched(name: str, role: str, pins: dict[int, dict[str, tuple[int, str]]] | None = None,
+            controller_env: dict[str, str] | None = None) -> RunConfig:
+    return RunConfig(name, True, ngram(K_MAX), role=role, pins=pins or {}, controller_env=controller_env or {})
 
 
 @dataclass
@@ -138,7 +140,7 @@ def start(cfg: RunConfig, model_dir: Path, workdir: Path, omp_bind: str | None =
         db = workdir / "specctl.db"
         for suffix in ("", "-wal", "-shm"):
             Path(str(db) + suffix).unlink(missing_ok=True)
-        ctl = SpecctlServe(workdir / "controller", db=db, env={"SPECCTL_ACCESS_LOG": "false"})
+        ctl = SpecctlServe(workdir / "controller", db=db, env={"SPECCTL_ACCESS_LOG": "false", **cfg.controller_env})
         stack.callback(ctl.stop)
         ctl.start()
         proxy = RecordingProxy(ctl.url).start()

@@ -258,8 +258,11 @@ def format_report(report: dict) -> str:
             mix = r.get("steps_at_k", {})
             rows.append([name] + [" ".join(f"{k}:{v:.0%}" for k, v in mix.items())] + [""] * (len(cats) - 1))
             continue
-        rows.append([name] + [_fmt_choice(r["choice"].get(c)) for c in cats])
+        marks = {c: "*" for c, src in r.get("sources", {}).items() if src == "default"}
+        rows.append([name] + [_fmt_choice(r["choice"].get(c)) + marks.get(c, "") for c in cats])
     out.append(_table(rows, ["policy", *cats]))
+    if any(src == "default" for src in pol.get("goodput", {}).get("sources", {}).values()):
+        out.append("* the goodput policy's default: the category lacks the evidence its guardrail asks for")
     if pol.get("goodput", {}).get("timeline"):
         out += ["", "goodput policy along the recording:"]
         out += [f"  t={ch['t_s']:>8.1f}s  " + ", ".join(f"{c}={v}" for c, v in ch["categories"].items())

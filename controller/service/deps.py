@@ -36,10 +36,32 @@ async def get_runtime(request: Request) -> Runtime:
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
+#: Query parameters declared as lists; every other one must appear at most once.
+MULTI_VALUED_QUERY = frozenset({"model_free"})
+
+
+def reject_repeated_query(request: Request) -> None:
+    """Refuse ``?k_max=1&k_max=4``: FastAPI would silently keep the last value of a repeated scalar."""
+    repeated = sorted(
+        key for key in set(request.query_params.keys())
+        if key not in MULTI_VALUED_QUERY and len(request.query_params.getlist(key)) > 1
+    )
+    if repeated:
+        raise BadInput(422, "query parameter given more than once: " + ", ".join(repeated[:8]))
+
+
+async def single_valued_query(request: Request) -> None:
+    reject_repeated_query(request)
+
+
+#: For routers without a token; authenticated routes run the same check after the token check.
+SingleValuedQuery = Depends(single_valued_query)
+
 
 def _check(request: Request, scope: Scope) -> None:
     checks: dict[Scope, TokenCheck] = request.app.state.token_checks
     checks[scope].verify(request.headers.get("authorization"))
+    reject_repeated_query(request)
 
 
 async def require_ingest(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_ingest_scheme)]) -> None:

@@ -24,6 +24,7 @@ from tests.support.specctl_serve import SpecctlServe
 WRITERS = 4
 CATEGORIES_PER_WRITER = 3
 CRASHES = 3
+MIN_WRITES_PER_CRASH = 40
 
 
 @dataclass
@@ -117,13 +118,16 @@ def test_acknowledged_overrides_survive_kill9(controller):
                    for w in writers]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.8, 1.6))  # let writes pile up, then crash at an arbitrary point
+        deadline = time.monotonic() + 60
+        while sum(len(w.acked) for w in writers) < total_acked + MIN_WRITES_PER_CRASH and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))  # then crash at an arbitrary point, writes in flight
         controller.kill(signal.SIGKILL)
         stop.set()
         for t in threads:
             t.join(10)
         acked_now = sum(len(w.acked) for w in writers)
-        assert acked_now > total_acked + 10, "the writers made too little progress to test anything"
+        assert acked_now >= total_acked + MIN_WRITES_PER_CRASH, "the writers made too little progress to test anything"
         total_acked = acked_now
 
         controller.start()

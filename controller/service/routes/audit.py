@@ -8,12 +8,12 @@ from anyio import to_thread
 from fastapi import APIRouter, Query
 
 from controller.protocol import CATEGORY_PATTERN
-from controller.service.deps import RuntimeDep
+from controller.service.deps import RuntimeDep, SingleValuedQuery
 from controller.service.openapi_bodies import responses
 from controller.service.routes.overrides import audit_entry
 from controller.service.schemas import AuditEntry
 
-router = APIRouter(prefix="/v1", tags=["audit"])
+router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[SingleValuedQuery])
 
 
 @router.get("/audit", responses=responses(422), summary="Override changes (set, clear, expire)")

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from controller.protocol import CATEGORY_PATTERN
-from controller.service.deps import RuntimeDep
+from controller.service.deps import RuntimeDep, SingleValuedQuery
 from controller.service.errors import BadInput
 from controller.service.openapi_bodies import responses
 
-router = APIRouter(prefix="/v1", tags=["categories"])
+router = APIRouter(prefix="/v1", tags=["categories"], dependencies=[SingleValuedQuery])
 
 
 @router.get("/categories", summary="Every (model, category) the controller has learned about")

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from controller.service.deps import RuntimeDep
+from controller.service.deps import RuntimeDep, SingleValuedQuery
 
-router = APIRouter(prefix="/v1", tags=["engines"])
+router = APIRouter(prefix="/v1", tags=["engines"], dependencies=[SingleValuedQuery])
 
 
 @router.get("/engines", summary="Engines that reported telemetry")

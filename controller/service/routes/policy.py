@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
 from controller.protocol import MAX_K, METHOD_PATTERN, Policy, SpecConfig
-from controller.service.deps import RuntimeDep
+from controller.service.deps import RuntimeDep, SingleValuedQuery
 from controller.service.errors import from_validation_error
 from controller.service.openapi_bodies import responses
 
-router = APIRouter(prefix="/v1", tags=["policy"])
+router = APIRouter(prefix="/v1", tags=["policy"], dependencies=[SingleValuedQuery])
 
 
 def policy_etag(policy: Policy) -> str:

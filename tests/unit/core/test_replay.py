@@ -299,3 +299,10 @@ def test_main_fails_cleanly(tmp_path: Path, setup, expected, capsys) -> None:
         path.write_text("{\"protocol\": 1}\n")
     assert replay.main([str(path)]) == expected
     assert "specctl replay:" in capsys.readouterr().err
+
+
+def test_format_report_shows_rows_choices_and_the_timeline(report) -> None:
+    text = replay.format_report(report)
+    for needle in ("estimated goodput", "choice per category", "goodput policy along the recording", "ema_tiers"):
+        assert needle in text
+    assert "the category lacks the evidence" not in text  # every category has enough drafts in this recording

@@ -145,3 +145,28 @@ def test_many_category_names_are_capped(client, seed):
     views = client.get("/v1/categories").json()
     assert len(views) <= 64 + 1
     assert any(v["category"] == "_overflow" for v in views)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "repeated"),
+    [
+        ("GET", "/v1/policy?model=m&k_max=1&k_max=4&method=ngram", {}, "k_max"),
+        ("GET", "/v1/policy?model=m&model=n&k_max=4&method=ngram", {}, "model"),
+        ("GET", "/v1/audit?limit=1&limit=5", {}, "limit"),
+        ("GET", "/v1/categories?model=a&model=b", {}, "model"),
+        ("DELETE", "/v1/overrides/code?actor=a&actor=b", ADMIN, "actor"),
+    ],
+)
+def test_a_repeated_scalar_query_parameter_is_refused(client, method, path, headers, repeated):
+    response = client.request(method, path, headers=headers)
+    assert response.status_code == 422, response.text
+    assert repeated in response.json()["detail"]
+
+
+def test_a_repeated_list_query_parameter_is_accepted(client):
+    response = client.get("/v1/policy?model=m&k_max=4&method=ngram&model_free=ngram&model_free=suffix")
+    assert response.status_code == 200, response.text
+
+
+def test_token_is_checked_before_the_query(client):
+    assert client.delete("/v1/overrides/code?actor=a&actor=b").status_code == 401
