@@ -275,8 +275,9 @@ class Brain:
         prev_default = None
         if previous is not None and previous.default.source == "default":
             prev_default = Choice(previous.default.k, previous.default.method)
+        factors = tuple(float(f) for f in ms.cost.depth_factors(batch_size, spec.k_max))
         return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
-                              methods, prev_default, mix.extra_distribution(), mix.extra_per_committed)
+                              methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors)
 
     def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
         active = active_overrides(self._overrides, now)

@@ -24,9 +24,11 @@ class LearnerSettings(BaseSettings):
         "shift within a few minutes while pooling thousands of drafts per category",
     )
     mix_half_life_s: float = Field(
-        default=10.0, gt=0, le=3_600,
+        default=3.0, gt=0, le=3_600,
         description="seconds; half-life of the observed batch size and category mix. Load moves faster than "
-        "acceptance, so the batch the policy optimises for must follow within seconds",
+        "acceptance, so the batch the policy optimises for must follow within seconds: at 10 s the estimate "
+        "still sat at a third of a new load 8 s after it arrived (H200 run, bench/gpu/README.md); an engine "
+        "reports hundreds of steps per half-life even so",
     )
     cost_half_life_s: float = Field(
         default=300.0, gt=0, le=86_400,

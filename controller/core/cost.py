@@ -20,6 +20,16 @@ a preset constant (it is not identifiable from a steady workload). Coefficients 
 Each step's time is capped at 4x its batch's median ratio to the preset, so a GC pause cannot drag the
 fit, and merging stays independent of the order batches arrive in.
 
+Depth cells. A linear model cannot express what an engine does per *shape* of step: on a GPU, vLLM replays
+a full CUDA graph only when every request drafts the depth the engine was started with, so a trimmed depth
+can be slower than the full one; a draft-model engine still runs its drafter's catch-up pass at depth 0, so
+"off" there costs more than plain decoding. So the model also keeps, per cell (batch size rounded to a power
+of two, drafting depth), the decayed sums of measured step time and of the step features. A cell's factor is
+measured time over what the current linear fit predicts for the same steps (a ratio of sums: order
+independent, and always relative to the current fit), shrunk toward 1 by ``cell_prior`` pseudo-steps; the
+policy multiplies its step-time estimate at each depth by the factor at the batch size it plans for
+(interpolated between powers of two). Cells the engine never ran keep the linear fit.
+
 Presets (derivations in docs/policy.md and bench/sim/fit_presets.py):
   * ``h200``: fitted to 40 vLLM 0.26 runs on one H200 (Llama-3-8B-shaped target, 4-layer draft model,
     batch 1..256, k 0..7; bench/sim/data/h200_vllm026_static_k.jsonl), 9 % rms relative error on run time;
@@ -38,7 +48,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 from controller.core.estimator import decay_factor
-from controller.protocol import METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX, StepRecord
+from controller.protocol import MAX_K, METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX, StepRecord
 
 #: Drafters computed by the engine patch itself (CPU time per token, no GPU pass).
 FREE_METHODS = frozenset({METHOD_NGRAM, METHOD_SUFFIX})
@@ -172,11 +182,25 @@ def step_shape(step: StepRecord, engine_method: str) -> tuple[float, float, floa
     return float(step.batch_size), float(step.scheduled_tokens), float(depth), float(free)
 
 
+#: Depth cells: batch sizes are rounded to a power of two up to 2**(BATCH_CELLS-1); depths 0..MAX_K.
+BATCH_CELLS = 12
+#: pseudo-steps at factor 1 in each cell: a cell speaks once it has seen a few dozen steps
+CELL_PRIOR = 30.0
+
+
+def batch_cell(n: np.ndarray | float) -> np.ndarray:
+    return np.clip(np.rint(np.log2(np.maximum(n, 1.0))), 0, BATCH_CELLS - 1).astype(int)
+
+
 class OnlineCostModel:
     """Ridge-regularised, exponentially forgotten least squares toward a preset (see module docstring)."""
 
     __slots__ = (
         "_cached",
+        "cell_prior",
+        "cell_w",
+        "cell_wall",
+        "cell_x",
         "preset",
         "prior_strength",
         "seconds_total",
@@ -187,11 +211,15 @@ class OnlineCostModel:
         "xty",
     )
 
-    def __init__(self, preset: CostCoefficients, prior_strength: float = 10.0) -> None:
+    def __init__(self, preset: CostCoefficients, prior_strength: float = 10.0, cell_prior: float = CELL_PRIOR) -> None:
         self.preset = preset
         self.prior_strength = prior_strength
+        self.cell_prior = cell_prior
         self.xtx = np.zeros((N_FEATURES, N_FEATURES))
         self.xty = np.zeros(N_FEATURES)
+        self.cell_w = np.zeros((BATCH_CELLS, MAX_K + 1))  # decayed steps per (batch cell, depth)
+        self.cell_wall = np.zeros((BATCH_CELLS, MAX_K + 1))  # decayed sum of (capped) step seconds
+        self.cell_x = np.zeros((BATCH_CELLS, MAX_K + 1, N_FEATURES))  # decayed sum of scaled features
         self.weight = 0.0  # decayed number of steps
         self.t_last: float | None = None
         self._cached: CostCoefficients | None = None
@@ -205,6 +233,9 @@ class OnlineCostModel:
                 self.xtx *= f
                 self.xty *= f
                 self.weight *= f
+                self.cell_w *= f
+                self.cell_wall *= f
+                self.cell_x *= f
                 self._cached = None
         if self.t_last is None or now > self.t_last:
             self.t_last = now
@@ -232,7 +263,28 @@ class OnlineCostModel:
         self.xtx += x.T @ x
         self.xty += x.T @ y
         self.weight += len(rows)
+        cells = (batch_cell(n), np.clip(np.rint(depth), 0, MAX_K).astype(int))
+        np.add.at(self.cell_w, cells, 1.0)
+        np.add.at(self.cell_wall, cells, y)
+        np.add.at(self.cell_x, cells, x)
         self._cached = None
+
+    def depth_factors(self, n: float, k_max: int) -> np.ndarray:
+        """Per drafting depth 0..k_max: measured over predicted step time at batch ``n`` (see docstring)."""
+        theta = self.coefficients().vector() * _SCALES
+        pred = self.cell_x[:, : k_max + 1] @ theta
+        w = self.cell_w[:, : k_max + 1]
+        seen = (w > 1e-9) & (pred > 1e-12)
+        prior = self.cell_prior * np.where(seen, pred / np.maximum(w, 1e-9), 0.0)  # pseudo-steps at the fit
+        factor = np.where(seen, (self.cell_wall[:, : k_max + 1] + prior) / np.maximum(pred + prior, 1e-12), 1.0)
+        # interpolate in log2(batch) between the two neighbouring cells, using only cells that saw steps
+        pos = float(np.clip(np.log2(max(n, 1.0)), 0, BATCH_CELLS - 1))
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, BATCH_CELLS - 1)
+        w_lo, w_hi = (1.0 - (pos - lo)) * seen[lo], (pos - lo) * seen[hi]
+        total = w_lo + w_hi
+        mixed = (w_lo * factor[lo] + w_hi * factor[hi]) / np.maximum(total, 1e-12)
+        return np.where(total > 1e-12, mixed, 1.0)
 
     def coefficients(self) -> CostCoefficients:
         if self._cached is None:
@@ -259,7 +311,8 @@ class OnlineCostModel:
 
     def to_dict(self) -> dict:
         return {"xtx": self.xtx.tolist(), "xty": self.xty.tolist(), "weight": self.weight, "t_last": self.t_last,
-                "steps_total": self.steps_total, "seconds_total": self.seconds_total}
+                "steps_total": self.steps_total, "seconds_total": self.seconds_total,
+                "cells": {"w": self.cell_w.tolist(), "wall": self.cell_wall.tolist(), "x": self.cell_x.tolist()}}
 
     @classmethod
     def from_dict(cls, d: dict, preset: CostCoefficients, prior_strength: float = 10.0) -> OnlineCostModel:
@@ -275,4 +328,12 @@ class OnlineCostModel:
         m.t_last = None if d.get("t_last") is None else float(d["t_last"])
         m.steps_total = int(d.get("steps_total", 0))
         m.seconds_total = float(d.get("seconds_total", 0.0))
+        cells = d.get("cells")
+        if cells is not None:  # snapshots written before depth cells existed restore without them
+            w, wall, x = (np.asarray(cells[k], dtype=float) for k in ("w", "wall", "x"))
+            if w.shape != m.cell_w.shape or wall.shape != m.cell_wall.shape or x.shape != m.cell_x.shape:
+                raise ValueError("cost cell shape mismatch")
+            if not (np.all(np.isfinite(w)) and np.all(np.isfinite(wall)) and np.all(np.isfinite(x))):
+                raise ValueError("non-finite cost cells")
+            m.cell_w, m.cell_wall, m.cell_x = np.maximum(w, 0.0), np.maximum(wall, 0.0), x
         return m

@@ -17,7 +17,8 @@ with n_c the category's requests per step on the asking engine: a finished reque
 of the same mix, so a category that commits more tokens per step holds fewer slots,
 n_c = n * (w_c / E_c(k_c)) / sum_c' (w_c' / E_c'(k_c')) with w_c its observed committed tokens per step
 (the workload's demand, which the decision does not change); ``extra`` the prefill tokens per step
-and T the learned step-cost model (controller/core/cost.py). Finished requests are replaced, so prefill
+and T the learned step-cost model (controller/core/cost.py), at each depth d times its measured depth-cell
+factor f(d) at batch n (E[T] = sum_d P(d) f(d) T(d); f = 1 where the engine never ran that cell). Finished requests are replaced, so prefill
 grows with goodput: extra = rho * sum_c n_c E_c(k_c) with rho the observed prefill tokens per committed
 token, and the expectation runs over the observed step-to-step spread of prefill (the cost bends at the
 knee). Plain decoding is every k_c = 0.
@@ -124,7 +125,8 @@ class _Problem:
     """Padded option arrays for U categories x O options; a configuration is one option index per row."""
 
     def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
-                 extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None) -> None:
+                 extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None,
+                 depth_factor: np.ndarray | None = None) -> None:
         self.names = names
         self.options = options
         u, o = len(options), max(len(x) for x in options)
@@ -154,6 +156,7 @@ class _Problem:
         self.consts = (c.base + c.per_request * n, c.per_token, c.per_token_above_knee, c.knee,
                        c.draft_fixed + c.draft_fixed_per_request * n, c.draft_pass + c.draft_pass_per_request * n,
                        c.free_draft_token)
+        self.depth_factor = _depth_factor(depth_factor, len(self.levels))
         self.rows = np.arange(u)
         # per option, the terms each category adds to the sums below (w / E weighs by slots held)
         self.slot = np.where(self.valid, self.w[:, None] / self.e, 0.0)
@@ -176,7 +179,12 @@ class _Problem:
             over = np.maximum(np.asarray(tok)[..., None] + pre[..., None] * self.prefill.rel - knee, 0.0)
             t = t + above_rate * (over @ self.prefill.w)
         below = np.clip(le, 0.0, 1.0) ** self.n
-        return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
+        if self.depth_factor is None:
+            return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
+        # E over the step's depth d of factor(d) * (t + drafting cost at d)
+        p_depth = np.diff(below, axis=-1, prepend=0.0)
+        at_depth = np.asarray(t)[..., None] + on_cost * (self.levels > 0) + pass_cost * self.levels
+        return (p_depth * self.depth_factor * at_depth).sum(-1)
 
     def _sums(self, cfg: np.ndarray):
         r = self.rows
@@ -410,7 +418,8 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
     if not pooled or snap.k_max <= 0:
         return _static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
     opts = _options(pooled, snap.k_max)
-    pb = _Problem(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max)
+    pb = _Problem(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max,
+                  depth_factor=snap.depth_factor)
     prev_i = _index(opts, snap.previous_default)
     prev = np.array([prev_i]) if prev_i >= 0 else None
     best, _ = _hysteresis(pb, pb.search(snap.k_max, prev), prev, cfg.hysteresis)
@@ -430,7 +439,8 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
     k = max(snap.k_max, 1)
     n = max(snap.batch_size, 1.0)
     opts = [_options(known[i], k) for i in idx]
-    pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k)
+    pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
+                  depth_factor=snap.depth_factor)
     # every row alone: a batch of n requests all of that category
     t = pb.time(n * (1.0 + pb.k), n * pb.e, n * pb.free_k, pb.at_or_below)
     g = np.where(pb.valid, n * pb.e / t, -np.inf)
@@ -449,6 +459,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     explore_ok = pooled_engine is not None and pooled_engine.eligible_evidence >= cfg.min_evidence
     b0 = max(snap.batch_size, 1.0)
     t_plain0 = snap.cost.step_time(b0, b0 + (snap.extra_per_committed * b0 or snap.extra_tokens))
+    t_plain0 *= snap.depth_factor[0] if snap.depth_factor else 1.0
     exploring: set[int] = set()
     for c in snap.categories:
         usable = [p for p in c.profiles if _usable(p, snap, cfg)] if snap.k_max > 0 else []
@@ -481,7 +492,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
         demand.append(shares[-1] * float(options[-1].e[0]))
         movable.append(False)
-    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand)
+    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
@@ -590,6 +601,15 @@ def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], sna
     return {u: (float(r), pk, m) for u, r, m in zip(units, rates, methods) if r > 0}
 
 
+def _depth_factor(factors, levels: int) -> np.ndarray | None:
+    """The snapshot's per-depth factors padded to ``levels`` (None when they are all 1: the cheaper path)."""
+    if factors is None or len(factors) == 0:
+        return None
+    f = np.ones(levels)
+    f[: min(levels, len(factors))] = np.asarray(factors, dtype=float)[:levels]
+    return None if np.allclose(f, 1.0) else f
+
+
 def _tables(pb: _Problem, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
     """Per category and k: the best usable drafter at that k, the rest of the batch as decided."""
     levels = np.arange(k_max + 1)
@@ -620,7 +640,8 @@ def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason
         prof = _profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
-                       list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE])
+                       list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
+                       snap.depth_factor)
         r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
                          np.array([not is_model_free(m)]), pk, cfg)
         if r[0] > 0:

@@ -59,6 +59,9 @@ class PolicySnapshot:
     #: observed prefill tokens per committed token (> 0: prefill scales with goodput, as in a saturated
     #: engine where every finished request is replaced; 0: ``extra_tokens`` per step whatever the policy)
     extra_per_committed: float = 0.0
+    #: per drafting depth 0..k_max, measured over modelled step time at this batch size (empty: all 1);
+    #: carries what the linear cost model cannot (CUDA graph modes, a drafter's catch-up pass at depth 0)
+    depth_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -123,3 +123,83 @@ def test_roundtrip_dict():
 )
 def test_step_shape(engine_method, cats, expect):
     assert step_shape(step(cats, depth=4), engine_method) == expect
+
+
+# --- depth cells: what a linear model cannot express -------------------------------------------------------
+#: An H200 draft-model engine started at k_max=7, batch 4 (measured shapes, bench/gpu/README.md): the full
+#: depth replays a CUDA graph and is faster than trimmed depths; depth 0 still pays the drafter's catch-up.
+GRAPH_ENGINE = {0: 9.4e-3, 1: 13.0e-3, 2: 13.4e-3, 3: 14.4e-3, 7: 12.8e-3}
+
+
+def _cell_model(times: dict[int, float], n: int = 4, steps: int = 200, prior: float = 10.0) -> OnlineCostModel:
+    model = OnlineCostModel(H200, prior)
+    model.decay_to(0.0, 300)
+    model.add_many([(float(n), float(n * (1 + d)), float(d), 0.0, wall)
+                    for d, wall in times.items() for _ in range(steps)])
+    return model
+
+
+def _corrected(model: OnlineCostModel, n: int, d: int, k_max: int = 7) -> float:
+    return model.coefficients().step_time(n, n * (1 + d), d) * model.depth_factors(n, k_max)[d]
+
+
+def test_no_steps_means_no_correction():
+    assert np.array_equal(OnlineCostModel(H200).depth_factors(16, 7), np.ones(8))
+
+
+@pytest.mark.parametrize("depth", sorted(GRAPH_ENGINE))
+def test_cells_reproduce_shapes_the_linear_fit_cannot(depth):
+    model = _cell_model(GRAPH_ENGINE)
+    assert abs(_corrected(model, 4, depth) / GRAPH_ENGINE[depth] - 1) < 0.03
+    # the linear fit alone misses at least one of them by more than that (else the cells would be moot)
+    assert max(abs(model.coefficients().step_time(4, 4 * (1 + d), d) / t - 1) for d, t in GRAPH_ENGINE.items()) > 0.05
+
+
+def test_trimmed_depth_ranks_slower_than_the_full_one():
+    f = _cell_model(GRAPH_ENGINE).depth_factors(4, 7)
+    assert f[3] > f[7]
+
+
+@pytest.mark.parametrize(
+    ("n", "expect_from"),
+    [(4, "own"), (5, "own"), (6, "neighbours"), (3, "own"), (64, "none"), (1, "none")],
+)
+def test_factors_interpolate_between_seen_batch_cells_only(n, expect_from):
+    model = _cell_model({0: 20e-3, 4: 14e-3}, n=4)  # depth 0 far slower than the fit says
+    f0 = model.depth_factors(n, 4)[0]
+    if expect_from == "none":
+        assert f0 == 1.0  # batch cells 1 and 64 never ran: the linear fit stands
+    else:
+        assert f0 > 1.05  # a single seen neighbour is used whole, not diluted toward 1
+
+
+def test_a_few_steps_barely_move_a_cell():
+    few = _cell_model({0: 20e-3, 4: 14e-3}, steps=2).depth_factors(4, 4)
+    many = _cell_model({0: 20e-3, 4: 14e-3}, steps=200).depth_factors(4, 4)
+    assert abs(few[0] - 1) < abs(many[0] - 1)
+
+
+def test_cells_forget_with_the_fit():
+    model = _cell_model({0: 20e-3, 4: 14e-3})
+    before = model.depth_factors(4, 4)[0]
+    model.decay_to(3000.0, 300)  # ten half-lives
+    assert abs(model.depth_factors(4, 4)[0] - 1) < abs(before - 1)
+
+
+def test_cells_roundtrip_and_old_snapshots_load():
+    model = _cell_model(GRAPH_ENGINE)
+    back = OnlineCostModel.from_dict(model.to_dict(), H200, 10.0)
+    assert np.allclose(back.depth_factors(4, 7), model.depth_factors(4, 7))
+    old = {k: v for k, v in model.to_dict().items() if k != "cells"}
+    assert np.array_equal(OnlineCostModel.from_dict(old, H200, 10.0).depth_factors(4, 7), np.ones(8))
+
+
+@pytest.mark.parametrize("bad", [{"w": [[1.0]], "wall": [[1.0]], "x": [[[1.0]]]}, "nan"])
+def test_corrupt_cells_are_refused(bad):
+    d = _cell_model(GRAPH_ENGINE).to_dict()
+    if bad == "nan":
+        d["cells"]["wall"][0][0] = float("nan")
+    else:
+        d["cells"] = bad
+    with pytest.raises(ValueError):
+        OnlineCostModel.from_dict(d, H200, 10.0)

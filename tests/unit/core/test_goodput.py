@@ -267,3 +267,33 @@ def test_faster_categories_hold_fewer_slots():
          + (1 - depth_cdf[0]) * (H200.draft_fixed + H200.draft_fixed_per_request * 2)
          + sum(1 - depth_cdf[x] for x in range(4)) * (H200.draft_pass + H200.draft_pass_per_request * 2))
     assert d.goodput == pytest.approx(2.0 * sum(w.values()) / sum(slots.values()) / t, rel=1e-3)
+
+
+def _with_factors(s: PolicySnapshot, factors) -> PolicySnapshot:
+    from dataclasses import replace
+    return replace(s, depth_factor=tuple(factors))
+
+
+@pytest.mark.parametrize(
+    ("beta", "batch", "factors", "check"),
+    [
+        # trimmed depths slower than the full one (piecewise vs full CUDA graph): the policy drafts k_max
+        (0.85, 4, (1.0,) + (1.4,) * 6 + (1.0,), lambda d, d0: d.k == 7 and d0.k < 7),
+        # "off" inside a draft-model engine still pays the drafter's catch-up pass: drafting pays sooner
+        (0.15, 1, (2.0,) + (1.0,) * 7, lambda d, d0: d.k > 0 and d0.k == 0),
+        # all ones: the same decision as without factors
+        (0.85, 4, (1.0,) * 8, lambda d, d0: (d.k, d.method) == (d0.k, d0.method)),
+    ],
+)
+def test_depth_factors_steer_the_choice(beta, batch, factors, check):
+    base = snap([("c", float(batch), (prof(beta=beta),))], batch, k_max=7)
+    d0 = goodput.decide(base, CFG).by_name()["c"]
+    d = goodput.decide(_with_factors(base, factors), CFG).by_name()["c"]
+    assert check(d, d0), (d, d0)
+
+
+def test_plain_reference_carries_the_depth_zero_factor():
+    base = snap([("c", 4.0, (prof(beta=0.05),))], 4, k_max=4)
+    plain = goodput.decide(base, CFG).plain_goodput
+    slowed = goodput.decide(_with_factors(base, (2.0, 1, 1, 1, 1)), CFG).plain_goodput
+    assert slowed == pytest.approx(plain / 2, rel=1e-3)
