@@ -58,6 +58,7 @@ from tqdm import tqdm
 from bench.cpu import engines, measure, oracle, report, traces
 from bench.cpu.driver import Phase, run_phase
 from bench.cpu.workload import bench_workload, key
+from controller import replay_cli
 from controller.core import replay as replay_core
 from controller.core import whatif
 from tests.support import controller_api
@@ -305,7 +306,7 @@ class Bench:
         ref = self.records.get("no_spec", {})
         if not ref:
             return {}
-        proposers, used = replay_core.default_proposers("ngram", ["suffix"], "auto")
+        proposers, used = replay_cli.default_proposers("ngram", ["suffix"], "auto")
         self.oracle_info["ngram_scorer"] = used
         measured: dict[int, dict[str, tuple[int, str]]] = {}
         modelled: dict[int, dict[str, tuple[int, str]]] = {}
@@ -395,7 +396,7 @@ class Bench:
             batches = replay_core.parse_telemetry(path.read_text().splitlines(), str(path))
             if not batches:
                 continue
-            proposers, _ = replay_core.default_proposers("ngram", ["suffix"], "auto")
+            proposers, _ = replay_cli.default_proposers("ngram", ["suffix"], "auto")
             rep = replay_core.replay(batches, traces.request_traces(ref[c].records), proposers)
             measured = report.ratios(self.runs, str(c)).get("vs_no_spec", {})
             out[str(c)] = {"estimated_vs_off": {n: round(r["vs_off"], 4) for n, r in rep["policies"].items()},

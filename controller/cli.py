@@ -241,10 +241,10 @@ def override_list(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def replay(ctx: typer.Context) -> None:
     """Replay recorded telemetry through the policy offline (arguments: see `specctl replay --help`)."""
-    # The command lives in controller/core/replay.py as ``main(argv: list[str]) -> int``; every argument,
+    # The command lives in controller/replay_cli.py as ``main(argv: list[str]) -> int``; every argument,
     # --help included, is handed to it unchanged.
     try:
-        from controller.core import replay as replay_module
+        from controller import replay_cli as replay_module
     except ImportError:
         _fail("replay is not available in this installation", EXIT_USAGE)
     raise typer.Exit(replay_module.main(list(ctx.args)))

@@ -19,17 +19,14 @@ the proposal length and drafter each policy picks, and the goodput the recorded 
 
     specctl replay telemetry.jsonl --requests requests.jsonl [--batch-size 32] [--preset h200] [--json out.json]
 
-Everything but reading files and printing is a pure function (:func:`replay`, :func:`format_report`).
+Pure functions only (:func:`replay`, :func:`format_report`, parsing of lines already read); reading files,
+choosing the drafters that score traces and printing live in :mod:`controller.replay_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 from pydantic import ValidationError
@@ -277,90 +274,3 @@ def _fmt_choice(c: dict | None) -> str:
     if not c or c["k"] == 0:
         return "off"
     return f"{c['method']}:{c['k']}"
-
-
-# --- CLI ------------------------------------------------------------------------------------------------------
-def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
-                      ) -> tuple[dict[str, whatif.Proposer], str]:
-    """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
-    from engine_patch.proposers import PROPOSERS
-
-    out: dict[str, whatif.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
-    used = "patch"
-    if engine_method == "ngram" and engine_ngram in ("auto", "vllm"):
-        try:
-            from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as f
-        except ImportError:
-            if engine_ngram == "vllm":
-                raise ReplayError("--engine-ngram vllm: vLLM is not installed here") from None
-        else:
-            def vllm_ngram(tokens: np.ndarray, k: int) -> list[int]:
-                return f(tokens, 2, 4, 1 << 30, k).tolist()
-
-            out["ngram"] = vllm_ngram
-            used = "vllm"
-    return out, used
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specctl replay", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="What each policy (recorded, off, static k, goodput, EMA tiers, hindsight oracle) would have "
-                    "done on recorded telemetry, per request category, and the goodput it would get.",
-        epilog="example:\n  specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json")
-    p.add_argument("telemetry", nargs="+", type=Path, help="TelemetryBatch JSON lines (one batch per line)")
-    p.add_argument("--requests", type=Path, action="append", default=[],
-                   help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids}")
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated subset of %(default)s")
-    p.add_argument("--ks", default=",".join(map(str, DEFAULT_KS)), help="static k rows (default %(default)s)")
-    p.add_argument("--k-max", type=int, help="what-if k_max (default: the larger of the engine's and --ks)")
-    p.add_argument("--batch-size", type=float, help="what-if batch size (default: the recorded mean)")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="cost preset the fit is pulled toward")
-    p.add_argument("--model", help="model to replay when the recording holds several")
-    p.add_argument("--engine-ngram", choices=("auto", "vllm", "patch"), default="auto",
-                   help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")
-    p.add_argument("--ema-initial-steps", type=int, default=3, help="EMA tiers' configured steps at start")
-    p.add_argument("--timeline", action="store_true", help="also list the goodput policy's decisions over time")
-    p.add_argument("--json", type=Path, help="write the full report here as JSON")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        batches: list[TelemetryBatch] = []
-        for path in args.telemetry:
-            batches += parse_telemetry(path.read_text().splitlines(), str(path))
-        batches = select_model(batches, args.model)
-        traces = [t for path in args.requests for t in parse_requests(path.read_text().splitlines(), str(path))]
-        proposers: dict[str, whatif.Proposer] = {}
-        if traces and batches:
-            spec = batches[-1].spec
-            proposers, used = default_proposers(spec.method, spec.model_free_methods, args.engine_ngram)
-            print(f"scoring {len(traces)} request traces with {', '.join(proposers)} (n-gram: {used})",
-                  file=sys.stderr)
-        ks = [int(x) for x in args.ks.split(",") if x.strip()]
-        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-        report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
-                        batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
-                        timeline=args.timeline)
-    except OSError as exc:
-        print(f"specctl replay: {exc}", file=sys.stderr)
-        return 2
-    except ReplayError as exc:
-        print(f"specctl replay: {exc}", file=sys.stderr)
-        return 2
-    print(format_report(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
-        print(f"\nwrote {args.json}")
-    return 0
-
-
-def _jsonable(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    try:
-        return asdict(x)
-    except TypeError:
-        return str(x)

@@ -1,0 +1,38 @@
+"""``specctl replay`` command line: files in, report out, clean failures."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller import replay_cli
+from tests.unit.core.test_replay import _batches
+
+
+def test_main_prints_the_report_and_writes_json(tmp_path: Path, capsys) -> None:
+    tel = tmp_path / "telemetry.jsonl"
+    tel.write_text("\n".join(b.model_dump_json() for b in _batches(5)) + "\n")
+    req = tmp_path / "requests.jsonl"
+    req.write_text(json.dumps({"category": "code", "prompt_token_ids": [1, 2, 3, 1, 2, 3],
+                               "output_token_ids": [1, 2, 3, 1, 2, 3, 4]}) + "\n")
+    out = tmp_path / "report.json"
+    code = replay_cli.main([str(tel), "--requests", str(req), "--engine-ngram", "patch", "--policies", "off,static,oracle",
+                        "--ks", "1,2", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "oracle" in printed and "k=2" in printed and "code" in printed
+    data = json.loads(out.read_text())
+    assert data["requests_scored"] == 1
+    assert "trace" in data["profile_sources"]["code"]
+
+
+@pytest.mark.parametrize(("setup", "expected"), [
+    ("missing", 2),
+    ("bad line", 2),
+])
+def test_main_fails_cleanly(tmp_path: Path, setup, expected, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    if setup == "bad line":
+        path.write_text("{\"protocol\": 1}\n")
+    assert replay_cli.main([str(path)]) == expected
+    assert "specctl replay:" in capsys.readouterr().err
