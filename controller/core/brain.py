@@ -277,7 +277,8 @@ class Brain:
             prev_default = Choice(previous.default.k, previous.default.method)
         factors = tuple(float(f) for f in ms.cost.depth_factors(batch_size, spec.k_max))
         return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
-                              methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors)
+                              methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors,
+                              ms.cost.mixed_penalty(batch_size))
 
     def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
         active = active_overrides(self._overrides, now)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from controller.core.config import LearnerSettings
-from controller.core.cost import CostCoefficients, OnlineCostModel, step_shape
+from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
 from controller.protocol import MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
@@ -44,7 +44,7 @@ class BatchDigest:
     committed: dict[str, int]
     spec_off: dict[str, int]
     per_category_mix: dict[str, int]
-    shapes: list[tuple[float, float, float, float, float]]  # n, tokens, depth, free, wall_s
+    shapes: list[tuple[float, float, float, float, float, int]]  # n, tokens, depth, free, wall_s, kind
     busy_steps: int
     busy_requests: int
     extra_tokens: int
@@ -88,7 +88,7 @@ class ModelState:
                 extra += e
                 extra_values.append(e)
                 n, tok, depth, free = step_shape(step, batch.spec.method)
-                shapes.append((n, tok, depth, free, step.wall_s))
+                shapes.append((n, tok, depth, free, step.wall_s, step_kind(step)))
             for cs in step.categories:
                 cat = cs.category
                 if cat not in known:

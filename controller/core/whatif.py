@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.core import ema_tiers
-from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_shape
+from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_kind, step_shape
 from controller.core.estimator import AcceptanceEstimator
 from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
@@ -269,7 +269,8 @@ def fit_cost(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_
     """The step-cost model fitted to every recorded step (no forgetting), pulled toward ``preset``."""
     model = OnlineCostModel(preset, prior_strength)
     for b in batches:
-        model.add_many([(*step_shape(st, b.spec.method), st.wall_s) for st in b.steps if st.batch_size > 0])
+        model.add_many([(*step_shape(st, b.spec.method), st.wall_s, step_kind(st)) for st in b.steps
+                        if st.batch_size > 0])
     return model.coefficients()
 
 

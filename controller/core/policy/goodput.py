@@ -18,7 +18,9 @@ of the same mix, so a category that commits more tokens per step holds fewer slo
 n_c = n * (w_c / E_c(k_c)) / sum_c' (w_c' / E_c'(k_c')) with w_c its observed committed tokens per step
 (the workload's demand, which the decision does not change); ``extra`` the prefill tokens per step
 and T the learned step-cost model (controller/core/cost.py), at each depth d times its measured depth-cell
-factor f(d) at batch n (E[T] = sum_d P(d) f(d) T(d); f = 1 where the engine never ran that cell). Finished requests are replaced, so prefill
+factor f(d) at batch n (E[T] = sum_d P(d) f(d) T(d); f = 1 where the engine never ran that cell), and
+times P_uni + (1 - P_uni) * p where p is the measured mixed-k penalty and P_uni = sum_x q_x ** n the chance
+that all n requests draft the same k (q_x: share at model depth x; model-free drafts count as depth 0). Finished requests are replaced, so prefill
 grows with goodput: extra = rho * sum_c n_c E_c(k_c) with rho the observed prefill tokens per committed
 token, and the expectation runs over the observed step-to-step spread of prefill (the cost bends at the
 knee). Plain decoding is every k_c = 0.
@@ -45,7 +47,8 @@ Guardrails, applied on top:
     the drafter could pay at the upper confidence bound of its acceptance, and below ``probe_idle_budget``
     (a keep-alive) while even that bound says it cannot;
   * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
-    batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput).
+    batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput);
+    no band (k only) where the mixed-k penalty exceeds 1 + ``adapt_tolerance``.
 
 Inputs: :class:`PolicySnapshot`; config: :class:`controller.core.config.PolicySettings`.
 Defaults: min_evidence 200 drafts, hysteresis 3 %, probe 5 % at k=1 within 1 % cost, band 3 %.
@@ -126,7 +129,7 @@ class _Problem:
 
     def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
                  extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None,
-                 depth_factor: np.ndarray | None = None) -> None:
+                 depth_factor: np.ndarray | None = None, mixed_penalty: float = 1.0) -> None:
         self.names = names
         self.options = options
         u, o = len(options), max(len(x) for x in options)
@@ -157,6 +160,7 @@ class _Problem:
                        c.draft_fixed + c.draft_fixed_per_request * n, c.draft_pass + c.draft_pass_per_request * n,
                        c.free_draft_token)
         self.depth_factor = _depth_factor(depth_factor, len(self.levels))
+        self.mixed_penalty = max(1.0, float(mixed_penalty))
         self.rows = np.arange(u)
         # per option, the terms each category adds to the sums below (w / E weighs by slots held)
         self.slot = np.where(self.valid, self.w[:, None] / self.e, 0.0)
@@ -180,11 +184,16 @@ class _Problem:
             t = t + above_rate * (over @ self.prefill.w)
         below = np.clip(le, 0.0, 1.0) ** self.n
         if self.depth_factor is None:
-            return t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
-        # E over the step's depth d of factor(d) * (t + drafting cost at d)
-        p_depth = np.diff(below, axis=-1, prepend=0.0)
-        at_depth = np.asarray(t)[..., None] + on_cost * (self.levels > 0) + pass_cost * self.levels
-        return (p_depth * self.depth_factor * at_depth).sum(-1)
+            t = t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
+        else:  # E over the step's depth d of factor(d) * (t + drafting cost at d)
+            p_depth = np.diff(below, axis=-1, prepend=0.0)
+            at_depth = np.asarray(t)[..., None] + on_cost * (self.levels > 0) + pass_cost * self.levels
+            t = (p_depth * self.depth_factor * at_depth).sum(-1)
+        if self.mixed_penalty > 1.0:  # a step is uniform when all its n requests draft the same k
+            at_k = np.clip(np.diff(np.clip(le, 0.0, 1.0), axis=-1, prepend=0.0), 0.0, 1.0)
+            uniform = np.clip((at_k ** self.n).sum(-1), 0.0, 1.0)
+            t = t * (uniform + (1.0 - uniform) * self.mixed_penalty)
+        return t
 
     def _sums(self, cfg: np.ndarray):
         r = self.rows
@@ -419,7 +428,7 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
         return _static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
     opts = _options(pooled, snap.k_max)
     pb = _Problem(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max,
-                  depth_factor=snap.depth_factor)
+                  depth_factor=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     prev_i = _index(opts, snap.previous_default)
     prev = np.array([prev_i]) if prev_i >= 0 else None
     best, _ = _hysteresis(pb, pb.search(snap.k_max, prev), prev, cfg.hysteresis)
@@ -440,7 +449,7 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
     n = max(snap.batch_size, 1.0)
     opts = [_options(known[i], k) for i in idx]
     pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
-                  depth_factor=snap.depth_factor)
+                  depth_factor=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     # every row alone: a batch of n requests all of that category
     t = pb.time(n * (1.0 + pb.k), n * pb.e, n * pb.free_k, pb.at_or_below)
     g = np.where(pb.valid, n * pb.e / t, -np.inf)
@@ -492,7 +501,8 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
         demand.append(shares[-1] * float(options[-1].e[0]))
         movable.append(False)
-    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor)
+    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
+                  snap.mixed_penalty)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
@@ -504,6 +514,9 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     t_plain = float(pb.time(pb.n, pb.n, 0.0, np.ones(len(pb.levels))))
     g_plain = pb.n / t_plain
     bands = _bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
+    if pb.mixed_penalty > 1.0 + cfg.adapt_tolerance:
+        # per-request adaptation would make steps mixed-k, which this engine runs measurably slower
+        bands = [(int(pb.k[u, cfg_best[u]]),) * 2 for u in pb.rows]
     probes = _probes(pb, cfg_best, inputs, snap, cfg)
     standalone = _best_standalone(inputs, snap, cfg)
     out = []
@@ -641,7 +654,7 @@ def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
                        list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
-                       snap.depth_factor)
+                       snap.depth_factor, snap.mixed_penalty)
         r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
                          np.array([not is_model_free(m)]), pk, cfg)
         if r[0] > 0:

@@ -62,6 +62,9 @@ class PolicySnapshot:
     #: per drafting depth 0..k_max, measured over modelled step time at this batch size (empty: all 1);
     #: carries what the linear cost model cannot (CUDA graph modes, a drafter's catch-up pass at depth 0)
     depth_factor: tuple[float, ...] = ()
+    #: measured step-time ratio of a decode step whose requests draft different k over a uniform one, at this
+    #: batch size (1: no difference, as on a CPU; > 1 on engines that replay full CUDA graphs)
+    mixed_penalty: float = 1.0
 
 
 @dataclass(frozen=True)

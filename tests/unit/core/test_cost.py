@@ -3,7 +3,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from controller.core.cost import CPU, H200, PRESETS, OnlineCostModel, roofline_from_h200, step_shape
+from controller.core.cost import (
+    CPU,
+    H200,
+    MIXED,
+    PLAIN,
+    PREFILL,
+    PRESETS,
+    UNIFORM,
+    OnlineCostModel,
+    roofline_from_h200,
+    step_kind,
+    step_shape,
+)
 from tests.unit.core.factories import cat_step, step
 
 
@@ -203,3 +215,71 @@ def test_corrupt_cells_are_refused(bad):
         d["cells"] = bad
     with pytest.raises(ValueError):
         OnlineCostModel.from_dict(d, H200, 10.0)
+
+
+# --- step kinds, prefill out of the fit, the mixed-k penalty ---------------------------------------------------
+def _kind_step(ks: list[int], prefill: int = 0) -> "StepRecord":
+    cats = [cat_step(f"c{i}", 1, [0.5] * 8, k=k) if k else cat_step(f"c{i}", 1, None) for i, k in enumerate(ks)]
+    s = step(cats, depth=max(ks))
+    return s.model_copy(update={"prefill_tokens": prefill, "scheduled_tokens": s.scheduled_tokens + prefill})
+
+
+@pytest.mark.parametrize(
+    ("ks", "prefill", "kind"),
+    [
+        ([4, 4, 4], 0, UNIFORM),
+        ([4, 2], 0, MIXED),
+        ([4, 0], 0, MIXED),  # a request without drafts in a drafting step: not a uniform batch either
+        ([0, 0], 0, PLAIN),
+        ([4, 4], 64, PREFILL),
+    ],
+)
+def test_step_kind(ks, prefill, kind):
+    assert step_kind(_kind_step(ks, prefill)) == kind
+
+
+def test_prefill_steps_stay_out_of_the_fit():
+    """Decode steps all at one depth plus a few prompt-heavy steps: the fit must not zero its base."""
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    decode = [(1.0, 8.0, 7.0, 0.0, 12.2e-3, UNIFORM)] * 450
+    prompts = [(1.0, 257.0, 0.0, 0.0, 85e-3, PREFILL)] * 20
+    model.add_many(decode + prompts)
+    no_draft_step = model.coefficients().step_time(3, 3, 0)
+    assert no_draft_step > 0.5 * H200.step_time(3, 3, 0)  # the preset's order of magnitude, not ~0
+    assert model.steps_total == 470
+
+
+def test_mixed_steps_learn_a_penalty_and_stay_out_of_the_depth_cells():
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    model.add_many([(4.0, 32.0, 7.0, 0.0, 11.7e-3, UNIFORM)] * 200 + [(4.0, 28.0, 7.0, 0.0, 27.1e-3, MIXED)] * 200)
+    assert model.mixed_penalty(4) > 1.5
+    linear = model.coefficients().step_time(4, 32, 7)  # pulled up by the mixed steps
+    corrected = linear * model.depth_factors(4, 7)[7]
+    assert corrected < linear
+    assert corrected == pytest.approx(11.7e-3, rel=0.12)  # the depth cell is the uniform steps' cost
+
+
+@pytest.mark.parametrize("mixed_s", [11.7e-3, 9e-3])
+def test_no_penalty_where_mixed_steps_are_not_slower(mixed_s):
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    model.add_many([(4.0, 32.0, 7.0, 0.0, 11.7e-3, UNIFORM)] * 200 + [(4.0, 32.0, 7.0, 0.0, mixed_s, MIXED)] * 200)
+    assert model.mixed_penalty(4) <= 1.02
+
+
+def test_penalty_without_evidence_is_one_and_unseen_batches_use_the_engine_wide_one():
+    assert OnlineCostModel(H200).mixed_penalty(16) == 1.0
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    model.add_many([(4.0, 32.0, 7.0, 0.0, 11.7e-3, UNIFORM)] * 200 + [(4.0, 28.0, 7.0, 0.0, 27.1e-3, MIXED)] * 200)
+    assert 1.0 < model.mixed_penalty(256) <= model.mixed_penalty(4)
+
+
+def test_kinds_roundtrip():
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    model.add_many([(4.0, 32.0, 7.0, 0.0, 11.7e-3, UNIFORM)] * 50 + [(4.0, 28.0, 7.0, 0.0, 27.1e-3, MIXED)] * 50)
+    back = OnlineCostModel.from_dict(model.to_dict(), H200, 10.0)
+    assert back.mixed_penalty(4) == pytest.approx(model.mixed_penalty(4))

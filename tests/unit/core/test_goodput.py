@@ -297,3 +297,24 @@ def test_plain_reference_carries_the_depth_zero_factor():
     plain = goodput.decide(base, CFG).plain_goodput
     slowed = goodput.decide(_with_factors(base, (2.0, 1, 1, 1, 1)), CFG).plain_goodput
     assert slowed == pytest.approx(plain / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize(("penalty", "collapsed"), [(1.0, False), (1.02, False), (1.6, True)])
+def test_a_mixed_k_penalty_collapses_the_adaptation_band(penalty, collapsed):
+    from dataclasses import replace
+    base = snap([("c", 16.0, (prof(beta=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)),))], 16, k_max=7)
+    free = goodput.decide(base, CFG).by_name()["c"]
+    d = goodput.decide(replace(base, mixed_penalty=penalty), CFG).by_name()["c"]
+    assert free.adapt_k_min < free.adapt_k_max  # the case has a band to collapse
+    band = (d.adapt_k_min, d.adapt_k_max)
+    assert band == ((d.k, d.k) if collapsed else (free.adapt_k_min, free.adapt_k_max)), d
+
+
+def test_a_mixed_k_penalty_pulls_two_categories_to_one_k():
+    from dataclasses import replace
+    cats = [("a", 2.0, (prof(beta=0.9),)), ("b", 2.0, (prof(beta=0.2),))]
+    base = snap(cats, 4, k_max=4)
+    free = goodput.decide(base, CFG).by_name()
+    pinned = goodput.decide(replace(base, mixed_penalty=3.0), CFG).by_name()
+    assert free["a"].k != free["b"].k  # without a penalty the two acceptances want different k
+    assert pinned["a"].k == pinned["b"].k  # a mixed batch costing 3x: one k for the whole batch
