@@ -52,7 +52,7 @@ EVIDENCE_GATED: dict[tuple[str, str, str], tuple[str, Callable[[list[dict]], boo
     ("specctl_categories.json", "Entropy class", "B"): (
         (
             "specctl_acceptance_entropy is exported for a category once one of its methods has at least "
-            "SPECCTL_POLICY_MIN_EVIDENCE (200) drafts; before that the class is 'unknown' and has no bits"
+            "SPECCTL_POLICY_MIN_EVIDENCE drafts; before that the class is 'unknown' and has no bits"
         ),
         lambda categories: any(c["entropy"]["bits"] is not None for c in categories),
     ),

@@ -51,7 +51,7 @@ Guardrails, applied on top:
     no band (k only) where the mixed-k penalty exceeds 1 + ``adapt_tolerance``.
 
 Inputs: :class:`PolicySnapshot`; config: :class:`controller.core.config.PolicySettings`.
-Defaults: min_evidence 200 drafts, hysteresis 3 %, probe 5 % at k=1 within 1 % cost, band 3 %.
+Defaults: min_evidence 50 drafts, hysteresis 3 %, probe 5 % at k=1 within 1 % cost, band 3 %.
 Trade-offs: the mean mix (not its step-to-step spread) is optimised; a category's requests share one
 starting k and drafter (the engine's fast loop covers per-request spread); the knee is a preset constant.
 Cost: O(restarts x iterations x categories x options x k_max) in numpy, about 0.1 ms per category.
