@@ -82,7 +82,7 @@ class DraftHistogram(_Strict):
     accepted: list[NonNegInt] = Field(description="accepted[j] = requests with exactly j drafts accepted; length k+1")
 
     @model_validator(mode="after")
-    def _length_matches_k(self) -> "DraftHistogram":
+    def _length_matches_k(self) -> DraftHistogram:
         if len(self.accepted) != self.k + 1:
             raise ValueError(f"accepted must have k+1={self.k + 1} buckets, got {len(self.accepted)}")
         return self
@@ -114,10 +114,17 @@ class CategoryStep(_Strict):
     )
 
     @model_validator(mode="after")
-    def _drafted_within_requests(self) -> "CategoryStep":
-        if sum(h.drafts for h in self.hists) > self.requests:
+    def _drafted_within_requests(self) -> CategoryStep:
+        # runs for every category of every step the controller receives: kept to plain loops and builtins
+        hists = self.hists
+        if not hists:
+            return self
+        drafted = 0
+        for h in hists:
+            drafted += sum(h.accepted)
+        if drafted > self.requests:
             raise ValueError("more drafted requests than requests in the step")
-        if len({h.k for h in self.hists}) != len(self.hists):
+        if len(hists) > 1 and len({h.k for h in hists}) != len(hists):
             raise ValueError("one histogram per proposal length")
         return self
 
@@ -125,8 +132,11 @@ class CategoryStep(_Strict):
 class StepRecord(_Strict):
     """One engine step: timing for the cost model and per-category acceptance."""
 
-    t: float = Field(ge=0, description="engine monotonic clock at step end, seconds")
-    wall_s: float = Field(ge=0, le=3600, description="schedule() start to update_from_output() end, seconds")
+    # Finite times are checked by pydantic itself (allow_inf_nan=False), not by a Python validator: this model
+    # is validated for every step of every batch, and a Python call per field adds up.
+    t: float = Field(ge=0, allow_inf_nan=False, description="engine monotonic clock at step end, seconds")
+    wall_s: float = Field(ge=0, le=3600, allow_inf_nan=False,
+                          description="schedule() start to update_from_output() end, seconds")
     batch_size: NonNegInt = Field(description="requests scheduled in the step")
     scheduled_tokens: NonNegInt = Field(description="tokens the target verified (prefill + decode + drafts)")
     draft_tokens: NonNegInt = Field(description="draft tokens scheduled for verification in the step")
@@ -134,10 +144,8 @@ class StepRecord(_Strict):
     draft_depth: NonNegInt = Field(default=0, le=MAX_K, description="drafting depth asked of the drafter for the next step")
     categories: list[CategoryStep] = Field(default_factory=list, max_length=MAX_CATEGORIES_PER_STEP)
 
-    _check_t = field_validator("t", "wall_s")(_finite)
-
     @model_validator(mode="after")
-    def _drafts_within_tokens(self) -> "StepRecord":
+    def _drafts_within_tokens(self) -> StepRecord:
         if self.draft_tokens > self.scheduled_tokens:
             raise ValueError("draft_tokens exceeds scheduled_tokens")
         return self
@@ -157,13 +165,11 @@ class TelemetryBatch(_Strict):
     boot_id: str = Field(pattern=ENGINE_ID_PATTERN, description="changes when the engine restarts; seq restarts at 0")
     model_name: str = Field(min_length=1, max_length=256)
     seq: int = Field(ge=0, description="batch sequence number per (engine_id, boot_id)")
-    sent_at: float = Field(ge=0, description="engine wall clock (unix seconds), informational")
+    sent_at: float = Field(ge=0, allow_inf_nan=False, description="engine wall clock (unix seconds), informational")
     spec: SpecConfig
     policy_version: int | None = Field(default=None, ge=0, description="policy the engine applied in these steps")
     dropped_steps: int = Field(default=0, ge=0, le=2**62, description="steps dropped by the engine's bounded queue since boot")
     steps: list[StepRecord] = Field(default_factory=list, max_length=MAX_STEPS_PER_BATCH)
-
-    _check_sent_at = field_validator("sent_at")(_finite)
 
 
 class AdaptRule(_Strict):
@@ -178,7 +184,7 @@ class AdaptRule(_Strict):
     climb_after: int = Field(default=2, ge=1, le=64, description="consecutive fully-accepted steps before k_r += 1")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "AdaptRule":
+    def _ordered(self) -> AdaptRule:
         if self.k_min > self.k_max:
             raise ValueError("k_min must be <= k_max")
         return self

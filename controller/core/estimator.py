@@ -22,6 +22,7 @@ Cumulative (never decayed) counters are kept alongside for Prometheus counters.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,40 @@ def positions_from_hist(k: int, accepted: list[int] | np.ndarray) -> tuple[np.nd
 
 
 @dataclass
+class _HistogramSums:
+    """Histograms of several proposal lengths summed per position, in exact integers."""
+
+    reached: list[int]  # index i-1 = position i, as in the arrays of AcceptanceEstimator
+    accepted: list[int]
+    lengths: list[int]  # drafts with exactly j accepted
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    max_k_drafted: int  # largest k with at least one draft (0 if none)
+
+    @classmethod
+    def of(cls, per_k: Mapping[int, Sequence[int]]) -> _HistogramSums:
+        top = max(per_k, default=0)
+        reached, accepted, lengths = [0] * top, [0] * top, [0] * (top + 1)
+        drafts = draft_tokens = accepted_tokens = max_k = 0
+        for k, counts in per_k.items():
+            tail = 0  # drafts with at least j accepted, j going down from k (see the module docstring)
+            for j in range(k, 0, -1):
+                tail += counts[j]
+                accepted[j - 1] += tail
+                reached[j - 1] += tail + counts[j - 1]
+                accepted_tokens += tail
+            n = tail + counts[0]
+            for j, c in enumerate(counts):
+                lengths[j] += c
+            drafts += n
+            draft_tokens += k * n
+            if n > 0:
+                max_k = max(max_k, k)
+        return cls(reached, accepted, lengths, drafts, draft_tokens, accepted_tokens, max_k)
+
+
+@dataclass
 class Cumulative:
     """Never-decayed counters (Prometheus counters; they only grow)."""
 
@@ -96,16 +131,16 @@ class Cumulative:
         self.lengths = list(self.lengths or [0] * _N)
 
     def add(self, k: int, accepted: list[int]) -> None:
-        n = sum(accepted)
-        self.drafts += n
-        self.draft_tokens += k * n
-        self.accepted_tokens += sum(j * c for j, c in enumerate(accepted))
-        tail = 0
-        for j in range(k, 0, -1):
-            tail += accepted[j]
-            self.per_pos[j - 1] += tail
-        for j, c in enumerate(accepted):
-            self.lengths[j] += c
+        self.add_sums(_HistogramSums.of({k: accepted}))
+
+    def add_sums(self, sums: _HistogramSums) -> None:
+        self.drafts += sums.drafts
+        self.draft_tokens += sums.draft_tokens
+        self.accepted_tokens += sums.accepted_tokens
+        for i, n in enumerate(sums.accepted):  # accepted at position i+1 is vLLM's per-position counter
+            self.per_pos[i] += n
+        for j, n in enumerate(sums.lengths):
+            self.lengths[j] += n
 
     def to_dict(self) -> dict:
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
@@ -150,19 +185,27 @@ class AcceptanceEstimator:
 
     def add(self, k: int, accepted: list[int], counterfactual: bool) -> None:
         """Add one (already validated) histogram; call :meth:`decay_to` first for the batch's time."""
-        reached, acc = positions_from_hist(k, accepted)
-        self.reached[:k] += reached
-        self.accepted[:k] += acc
-        self.lengths[: k + 1] += np.asarray(accepted, dtype=float)
-        n = float(sum(accepted))
+        self.add_many({k: accepted}, counterfactual)
+
+    def add_many(self, per_k: Mapping[int, Sequence[int]], counterfactual: bool) -> None:
+        """Add several (already validated) histograms, proposal length -> counts, as one piece of evidence.
+
+        The batch's histograms are summed in integers first, so the decayed arrays get one vector add per
+        batch instead of several per proposal length (numpy's per-call cost dominates arrays this small).
+        Call :meth:`decay_to` first for the batch's time.
+        """
+        sums = _HistogramSums.of(per_k)
+        top = len(sums.reached)
+        self.reached[:top] += sums.reached
+        self.accepted[:top] += sums.accepted
+        self.lengths[: top + 1] += sums.lengths
         if counterfactual:
-            self.cf_drafts += n
-            self.cf_cum.add(k, accepted)
+            self.cf_drafts += sums.drafts
+            self.cf_cum.add_sums(sums)
         else:
-            self.real_drafts += n
-            self.cum.add(k, accepted)
-        if n > 0:
-            self.max_k = max(self.max_k, k)
+            self.real_drafts += sums.drafts
+            self.cum.add_sums(sums)
+        self.max_k = max(self.max_k, sums.max_k_drafted)
 
     def merge_from(self, other: AcceptanceEstimator) -> None:
         """Pool another estimator's decayed evidence (both decayed to the same time first)."""

@@ -8,6 +8,8 @@ policy is for the batch the engine runs when it is busy.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from controller.core.estimator import decay_factor
@@ -17,6 +19,19 @@ from controller.core.estimator import decay_factor
 EXTRA_BIN = 64
 EXTRA_BINS = 129
 DIST_POINTS = 8
+
+
+def _binned(values: Iterable[float]) -> dict[int, tuple[int, float]]:
+    """(steps, summed tokens) per bin of prefill tokens.
+
+    A plain loop: a batch carries a handful of steps, for which numpy's per-call cost is most of the work.
+    """
+    out: dict[int, tuple[int, float]] = {}
+    for v in values:
+        b = min(int(v // EXTRA_BIN), EXTRA_BINS - 1)
+        count, total = out.get(b, (0, 0))
+        out[b] = (count + 1, total + v)
+    return out
 
 
 class Mix:
@@ -72,11 +87,9 @@ class Mix:
         self.extra_tokens += extra_tokens
         for c, n in per_category.items():
             self.per_category[c] = self.per_category.get(c, 0.0) + n
-        if extra_values:
-            vals = np.asarray(extra_values, dtype=float)
-            bins = np.minimum((vals // EXTRA_BIN).astype(int), EXTRA_BINS - 1)
-            self.extra_w += np.bincount(bins, minlength=EXTRA_BINS)
-            self.extra_sum += np.bincount(bins, weights=vals, minlength=EXTRA_BINS)
+        for b, (count, total) in _binned(extra_values or ()).items():
+            self.extra_w[b] += count
+            self.extra_sum[b] += total
 
     def extra_distribution(self, points: int = DIST_POINTS) -> tuple[tuple[float, float], ...]:
         """Prefill tokens per step as <= ``points`` (value, weight) pairs of equal weight (quantile groups)."""

@@ -19,7 +19,6 @@ from controller.service.runtime import Runtime
 
 M = TypeVar("M", bound=BaseModel)
 
-_ingest_scheme = HTTPBearer(auto_error=False, scheme_name="IngestToken", description="SPECCTL_INGEST_TOKEN")
 _admin_scheme = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="SPECCTL_ADMIN_TOKEN")
 
 
@@ -64,8 +63,21 @@ def _check(request: Request, scope: Scope) -> None:
     reject_repeated_query(request)
 
 
-async def require_ingest(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_ingest_scheme)]) -> None:
-    _check(request, Scope.INGEST)
+class _IngestScheme(HTTPBearer):
+    """The ingest token scheme (so OpenAPI documents it) that also checks the token and hands over the runtime.
+
+    Telemetry is the hot path: one dependency per post instead of a chain of three (runtime, check, scheme)
+    saves FastAPI's per-dependency work (about a tenth of a post's CPU in a profile of the chain). The order
+    of the checks is the chain's: 503 while starting, then 401/403.
+    """
+
+    async def __call__(self, request: Request) -> Runtime:  # type: ignore[override]
+        runtime = await get_runtime(request)
+        _check(request, Scope.INGEST)
+        return runtime
+
+
+_ingest_scheme = _IngestScheme(auto_error=False, scheme_name="IngestToken", description="SPECCTL_INGEST_TOKEN")
 
 
 async def require_admin(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_scheme)]) -> None:
@@ -75,7 +87,8 @@ async def require_admin(request: Request, _: Annotated[HTTPAuthorizationCredenti
     _check(request, Scope.ADMIN)
 
 
-IngestAuth = Annotated[None, Depends(require_ingest)]
+#: The runtime, for a request that carries the ingest token.
+IngestRuntime = Annotated[Runtime, Depends(_ingest_scheme)]
 AdminAuth = Annotated[None, Depends(require_admin)]
 
 

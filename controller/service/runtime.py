@@ -17,10 +17,10 @@ from typing import Any
 
 from anyio import to_thread
 
-from controller.core.brain import Brain, IngestResult
+from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestResult
 from controller.core.config import BrainConfig
 from controller.core.overrides import Override, active_overrides
-from controller.protocol import Policy, SpecConfig, TelemetryAck, TelemetryBatch
+from controller.protocol import Policy, SpecConfig, TelemetryBatch
 from controller.service.clock import Clock
 from controller.service.store import AuditRecord, Store
 
@@ -37,6 +37,36 @@ def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | Non
     return Brain(config), None
 
 
+class AckEncoder:
+    """Telemetry acks as JSON bytes, each policy serialised once rather than once per post.
+
+    An engine's policy changes every few seconds at most while the engine posts ten or more times a second,
+    and the policy is most of the ack: validating and serialising it for every post was work repeated for
+    nothing. A :class:`Policy` is immutable and a new one gets a new version, so its JSON is cached by version
+    (the identity check guards against a version number that comes back, e.g. from another Brain).
+    """
+
+    def __init__(self, capacity: int = MAX_CACHED_POLICIES) -> None:
+        self._capacity = capacity
+        self._policies: dict[int, tuple[Policy, bytes]] = {}
+
+    def encode(self, outcome: str, seq: int, gaps: int, policy: Policy) -> bytes:
+        """The same bytes as ``TelemetryAck(...).model_dump_json()``, built around the cached policy."""
+        return b'{"outcome":"%s","seq":%d,"gaps":%d,"policy":%s}' % (
+            outcome.encode(), seq, gaps, self.policy_json(policy))
+
+    def policy_json(self, policy: Policy) -> bytes:
+        held = self._policies.get(policy.version)
+        if held is not None and held[0] is policy:
+            return held[1]
+        data = policy.model_dump_json().encode()
+        self._policies.pop(policy.version, None)
+        self._policies[policy.version] = (policy, data)
+        while len(self._policies) > self._capacity:  # the oldest first: dicts keep insertion order
+            self._policies.pop(next(iter(self._policies)))
+        return data
+
+
 class Runtime:
     def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
                  snapshot_ts: float | None = None) -> None:
@@ -49,12 +79,13 @@ class Runtime:
         self.last_snapshot_ts = snapshot_ts
         self.store_error: str | None = None
         self.internal_errors = 0
+        self._acks = AckEncoder()
         self._brain.set_overrides(self._overrides.values())
 
     # -- telemetry and policy (Brain, under its lock) -------------------------------------------------
 
-    def ingest(self, batch: TelemetryBatch) -> TelemetryAck:
-        """Merge one batch and answer with the policy tailored to the sending engine.
+    def ingest(self, batch: TelemetryBatch) -> bytes:
+        """Merge one batch; the :class:`TelemetryAck` (with the policy tailored to the sending engine) as JSON.
 
         Raises :class:`controller.core.brain.IngestRejected` for a batch the Brain refuses.
         """
@@ -62,7 +93,7 @@ class Runtime:
         with self._brain_lock:
             result: IngestResult = self._brain.ingest(batch, now)
             policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
-        return TelemetryAck(outcome=result.outcome, seq=batch.seq, gaps=result.gaps, policy=policy)
+        return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
 
     def record_rejected(self, engine_id: str | None) -> None:
         with self._brain_lock:

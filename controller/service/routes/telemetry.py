@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from controller.core.brain import IngestRejected
 from controller.protocol import ENGINE_ID_PATTERN, TelemetryAck, TelemetryBatch
-from controller.service.deps import IngestAuth, RuntimeDep, read_json
+from controller.service.deps import IngestRuntime, read_json
 from controller.service.errors import BadInput
 from controller.service.openapi_bodies import json_body, responses
 
@@ -34,7 +34,7 @@ def _engine_id_of(raw: bytes) -> str | None:
     responses=responses(400, 401, 403, 413, 415, 422),
     summary="Report engine steps; answer carries the policy for this engine",
 )
-async def post_telemetry(request: Request, runtime: RuntimeDep, _: IngestAuth) -> TelemetryAck:
+async def post_telemetry(request: Request, runtime: IngestRuntime) -> Response:
     try:
         batch = await read_json(request, TelemetryBatch, "telemetry batch")
     except BadInput as exc:
@@ -42,7 +42,9 @@ async def post_telemetry(request: Request, runtime: RuntimeDep, _: IngestAuth) -
             runtime.record_rejected(_engine_id_of(await request.body()))
         raise
     try:
-        return runtime.ingest(batch)
+        ack = runtime.ingest(batch)
     except IngestRejected as exc:
         runtime.record_rejected(batch.engine_id)
         raise BadInput(422, f"telemetry batch refused: {exc.reason}") from None
+    # Already serialised (the response model documents it): FastAPI would validate and serialise it again.
+    return Response(ack, media_type="application/json")

@@ -135,3 +135,40 @@ def test_from_dict_rejects_inconsistent_state(bad):
     d = AcceptanceEstimator().to_dict() | bad
     with pytest.raises(ValueError):
         AcceptanceEstimator.from_dict(d)
+
+
+@pytest.mark.parametrize(
+    "per_k",
+    [
+        {3: [1, 2, 3, 4]},
+        {1: [3, 5], 2: [1, 2, 4], 4: [0, 1, 2, 1, 2]},
+        {2: [5, 0, 0], 4: [0, 0, 0, 0, 0]},  # nothing accepted; an empty histogram does not raise max_k
+        {5: [0, 0, 0, 0, 0, 7], 1: [2, 2]},
+    ],
+)
+@pytest.mark.parametrize("counterfactual", [False, True])
+def test_adding_a_batch_at_once_equals_adding_its_histograms_one_by_one(per_k, counterfactual):
+    """add_many sums in integers before touching the arrays; the reference is positions_from_hist per histogram."""
+    together, reference = AcceptanceEstimator(), AcceptanceEstimator()
+    together.add_many(per_k, counterfactual)
+    cum = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": [0] * 32, "lengths": [0] * 33}
+    for k, counts in per_k.items():
+        reached, accepted = positions_from_hist(k, counts)
+        reference.reached[:k] += reached
+        reference.accepted[:k] += accepted
+        reference.lengths[: k + 1] += counts
+        if sum(counts):
+            reference.max_k = max(reference.max_k, k)
+        cum["drafts"] += sum(counts)
+        cum["draft_tokens"] += k * sum(counts)
+        cum["accepted_tokens"] += sum(j * c for j, c in enumerate(counts))
+        cum["per_pos"][:k] = [int(a + b) for a, b in zip(cum["per_pos"][:k], accepted)]
+        cum["lengths"][: k + 1] = [a + b for a, b in zip(cum["lengths"][: k + 1], counts)]
+    assert np.array_equal(together.reached, reference.reached)
+    assert np.array_equal(together.accepted, reference.accepted)
+    assert np.array_equal(together.lengths, reference.lengths)
+    assert together.max_k == reference.max_k
+    drafts = sum(map(sum, per_k.values()))
+    assert (together.cf_drafts, together.real_drafts) == ((drafts, 0) if counterfactual else (0, drafts))
+    counted, untouched = (together.cf_cum, together.cum) if counterfactual else (together.cum, together.cf_cum)
+    assert counted.to_dict() == cum and untouched.drafts == 0
