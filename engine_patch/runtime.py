@@ -81,7 +81,7 @@ def full_cuda_graphs(vllm_config: Any) -> bool:
         if callable(has_full):
             return bool(has_full())
         return "FULL" in str(getattr(mode, "name", mode)).upper()
-    except Exception:  # an unknown vLLM layout: assume no full graphs (the controller learns the rest)
+    except (AttributeError, TypeError, ValueError):  # an unknown vLLM layout: assume none (the controller learns)
         return False
 
 

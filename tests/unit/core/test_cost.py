@@ -16,6 +16,7 @@ from controller.core.cost import (
     step_kind,
     step_shape,
 )
+from controller.protocol import StepRecord
 from tests.unit.core.factories import cat_step, step
 
 
@@ -218,7 +219,7 @@ def test_corrupt_cells_are_refused(bad):
 
 
 # --- step kinds, prefill out of the fit, the mixed-k penalty ---------------------------------------------------
-def _kind_step(ks: list[int], prefill: int = 0) -> "StepRecord":
+def _kind_step(ks: list[int], prefill: int = 0) -> StepRecord:
     cats = [cat_step(f"c{i}", 1, [0.5] * 8, k=k) if k else cat_step(f"c{i}", 1, None) for i, k in enumerate(ks)]
     s = step(cats, depth=max(ks))
     return s.model_copy(update={"prefill_tokens": prefill, "scheduled_tokens": s.scheduled_tokens + prefill})
