@@ -157,6 +157,11 @@ class SpecConfig(_Strict):
     method: Method = Field(description="vLLM speculative method the engine was started with, or 'off'")
     k_max: int = Field(ge=0, le=MAX_K, description="num_speculative_tokens the engine was started with")
     model_free_methods: list[Method] = Field(default_factory=list, description="drafters the patch can compute itself")
+    full_cuda_graphs: bool = Field(
+        default=False,
+        description="the engine replays full CUDA graphs for uniform decode batches, so a step whose requests "
+        "draft different k runs slower (piecewise graphs); the controller then starts from a mixed-k penalty",
+    )
 
 
 class TelemetryBatch(_Strict):

@@ -38,10 +38,12 @@ class EngineSpec:
     method: str  # vLLM's speculative method name, or "off"
     k_max: int  # num_speculative_tokens (0 without speculation)
     model_free_methods: tuple[str, ...] = ()  # drafters the patch may substitute (synchronous scheduling only)
+    full_cuda_graphs: bool = False  # uniform decode batches replay a full CUDA graph (mixed k runs piecewise)
 
     def to_protocol(self) -> protocol.SpecConfig:
         return protocol.SpecConfig(
-            method=self.method, k_max=self.k_max, model_free_methods=list(self.model_free_methods)
+            method=self.method, k_max=self.k_max, model_free_methods=list(self.model_free_methods),
+            full_cuda_graphs=self.full_cuda_graphs,
         )
 
 

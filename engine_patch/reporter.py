@@ -82,7 +82,9 @@ class Reporter:
         self._clock = clock
         self._wall_clock = wall_clock
         self._client = client or make_client(settings)
-        self._spec = identity.spec.model_dump()
+        # defaults left out: a field added to the spec later (full_cuda_graphs) reaches a controller older than
+        # the patch only when it says something, so engines can be upgraded before their controller
+        self._spec = identity.spec.model_dump(exclude_defaults=True)
         self._seq = 0
         self._pending: dict[str, Any] | None = None
         self._consecutive_failures = 0

@@ -63,7 +63,26 @@ def engine_spec(vllm_config: Any, num_spec_tokens: int, async_mode: bool) -> Eng
     if k_max <= 0 or not method:
         return EngineSpec(method=protocol.METHOD_OFF, k_max=0)
     model_free = () if async_mode else tuple(m for m in MODEL_FREE_METHODS if m != method)
-    return EngineSpec(method=method[:32], k_max=k_max, model_free_methods=model_free)
+    return EngineSpec(method=method[:32], k_max=k_max, model_free_methods=model_free,
+                      full_cuda_graphs=full_cuda_graphs(vllm_config))
+
+
+def full_cuda_graphs(vllm_config: Any) -> bool:
+    """Whether the engine replays full CUDA graphs for uniform decode batches (not eager, not a CPU build)."""
+    try:
+        if getattr(vllm_config.model_config, "enforce_eager", False):
+            return False
+        if str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cuda")) not in ("cuda", "rocm"):
+            return False
+        mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+        if mode is None:
+            return False
+        has_full = getattr(mode, "has_full_cudagraphs", None)
+        if callable(has_full):
+            return bool(has_full())
+        return "FULL" in str(getattr(mode, "name", mode)).upper()
+    except (AttributeError, TypeError, ValueError):  # an unknown vLLM layout: assume none (the controller learns)
+        return False
 
 
 def served_model_name(vllm_config: Any) -> str:

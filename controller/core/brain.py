@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from controller.core.config import BrainConfig
-from controller.core.cost import PRESETS, is_model_free
+from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
 from controller.core.engines import EngineBook
 from controller.core.entropy import classify
 from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
@@ -82,7 +82,7 @@ class IngestResult:
     gaps: int
 
 
-_Key = tuple[str, str, int, tuple[str, ...], str]
+_Key = tuple[str, str, int, tuple[str, ...], str, bool]
 
 
 @dataclass
@@ -110,7 +110,8 @@ def _same_basis(held: tuple, basis: tuple) -> bool:
 
 
 def _key(model: str, spec: SpecConfig, engine_id: str | None) -> _Key:
-    return (model, spec.method, spec.k_max, tuple(sorted(set(spec.model_free_methods))), engine_id or "")
+    return (model, spec.method, spec.k_max, tuple(sorted(set(spec.model_free_methods))), engine_id or "",
+            spec.full_cuda_graphs)
 
 
 def _engine_methods(spec: SpecConfig) -> tuple[str, ...]:
@@ -158,6 +159,7 @@ class Brain:
         book.record(batch.boot_id, batch.seq, gap_delta, batch.dropped_steps)
         book.model = batch.model_name
         book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
+        book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
         book.model_free_methods = tuple(batch.spec.model_free_methods)
         book.steps += digest.steps
         book.step_seconds += digest.step_seconds
@@ -289,7 +291,7 @@ class Brain:
         factors = tuple(float(f) for f in ms.cost.depth_factors(batch_size, spec.k_max))
         return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
                               methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors,
-                              ms.cost.mixed_penalty(batch_size))
+                              ms.cost.mixed_penalty(batch_size, FULL_GRAPH_PENALTY if spec.full_cuda_graphs else 1.0))
 
     def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
         active = active_overrides(self._overrides, now)
@@ -346,7 +348,7 @@ class Brain:
             return None
         b = max(books, key=lambda x: x.last_seen or 0.0)
         spec = SpecConfig(method=b.spec_method or METHOD_OFF, k_max=b.spec_k_max,
-                          model_free_methods=list(b.model_free_methods))
+                          model_free_methods=list(b.model_free_methods), full_cuda_graphs=b.spec_full_cuda_graphs)
         return _key(model, spec, b.engine_id), spec
 
     def categories(self, now: float) -> list[CategoryView]:

@@ -196,6 +196,10 @@ def step_shape(step: StepRecord, engine_method: str) -> tuple[float, float, floa
 BATCH_CELLS = 12
 #: pseudo-steps at factor 1 in each cell: a cell speaks once it has seen a few dozen steps
 CELL_PRIOR = 30.0
+#: Mixed-k penalty assumed for an engine that reports full CUDA graphs, until its own steps say otherwise.
+#: Measured on an H200 (vLLM 0.26, 8B-shaped target, draft model k_max 7): 27.1 / 11.7 ms = 2.3 at batch 4,
+#: about 1.6 at batch 16 (mixed steps against the static k=7 engine); 1.5 stays below both.
+FULL_GRAPH_PENALTY = 1.5
 
 
 def batch_cell(n: np.ndarray | float) -> np.ndarray:
@@ -333,14 +337,15 @@ class OnlineCostModel:
         np.add.at(self.kind_x, kinds, x[timed])
         self._cached = None
 
-    def mixed_penalty(self, n: float) -> float:
-        """How much slower a mixed-k drafting step is than a uniform one at batch ``n`` (1: no evidence)."""
+    def mixed_penalty(self, n: float, prior: float = 1.0) -> float:
+        """How much slower a mixed-k drafting step is than a uniform one at batch ``n`` (``prior``: no evidence)."""
         theta = self.coefficients().vector() * _SCALES
         pred = self.kind_x @ theta  # (cells, 2)
         w = self.kind_w
         # engine-wide ratios first (toward 1), then each cell's ratio toward the engine-wide one
-        pooled = [_shrunk_ratio(self.kind_wall[:, j].sum(), pred[:, j].sum(), w[:, j].sum(), 1.0, self.cell_prior)
-                  for j in (UNIFORM, MIXED)]
+        toward = {UNIFORM: 1.0, MIXED: prior}
+        pooled = [_shrunk_ratio(self.kind_wall[:, j].sum(), pred[:, j].sum(), w[:, j].sum(), toward[j],
+                                self.cell_prior) for j in (UNIFORM, MIXED)]
         cell = np.stack([_shrunk_ratio(self.kind_wall[:, j], pred[:, j], w[:, j], pooled[j], self.cell_prior)
                          for j in (UNIFORM, MIXED)], axis=1)
         penalty = cell[:, MIXED] / np.maximum(cell[:, UNIFORM], 1e-12)  # cells never seen: the pooled one

@@ -28,6 +28,7 @@ class EngineBook:
     boot_id: str = ""
     spec_method: str = ""
     spec_k_max: int = 0
+    spec_full_cuda_graphs: bool = False
     model_free_methods: tuple[str, ...] = ()
     max_seq: int = -1
     seen: set[int] = field(default_factory=set)
@@ -87,6 +88,7 @@ class EngineBook:
         return {
             "engine_id": self.engine_id, "model": self.model, "boot_id": self.boot_id,
             "spec_method": self.spec_method, "spec_k_max": self.spec_k_max,
+            "spec_full_cuda_graphs": self.spec_full_cuda_graphs,
             "model_free_methods": list(self.model_free_methods), "max_seq": self.max_seq,
             "seen": sorted(self.seen), "retired_boots": list(self.retired_boots), "gaps": self.gaps,
             "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
@@ -103,6 +105,7 @@ class EngineBook:
         b.boot_id = str(d.get("boot_id", ""))
         b.spec_method = str(d.get("spec_method", ""))
         b.spec_k_max = int(d.get("spec_k_max", 0))
+        b.spec_full_cuda_graphs = bool(d.get("spec_full_cuda_graphs", False))
         b.model_free_methods = tuple(str(m) for m in d.get("model_free_methods", []))
         b.max_seq = int(d.get("max_seq", -1))
         b.seen = {int(s) for s in d.get("seen", [])}

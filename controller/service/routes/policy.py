@@ -45,9 +45,13 @@ async def get_policy(
     model_free: Annotated[
         list[str] | None, Query(max_length=16, description="model-free drafters the engine can compute")
     ] = None,
+    full_cuda_graphs: Annotated[
+        bool, Query(description="the engine replays full CUDA graphs for uniform decode batches")
+    ] = False,
 ) -> Policy | Response:
     try:
-        spec = SpecConfig(method=method, k_max=k_max, model_free_methods=model_free or [])
+        spec = SpecConfig(method=method, k_max=k_max, model_free_methods=model_free or [],
+                          full_cuda_graphs=full_cuda_graphs)
     except ValidationError as exc:
         raise from_validation_error(exc, "query") from None
     policy = runtime.policy(model, spec)

@@ -281,3 +281,16 @@ def test_counterfactual_evidence_reaches_the_policy():
     m = b.metrics(1040.0)
     assert any(r.method == "ngram" and r.counterfactual for r in m.methods)
     assert not any(r.method == "ngram" and not r.counterfactual for r in m.methods)
+
+
+@pytest.mark.parametrize(("full_graphs", "band_collapsed"), [(False, False), (True, True)])
+def test_an_engine_with_full_cuda_graphs_starts_without_adaptation_bands(full_graphs, band_collapsed):
+    """Mixed-k steps run piecewise graphs there: the controller assumes the penalty until steps say otherwise."""
+    spec = SPEC.model_copy(update={"full_cuda_graphs": full_graphs, "k_max": 7})
+    b = brain()
+    for seq in range(20):
+        steps = [step([cat_step("code", 16, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], k=7)], depth=7)] * 20
+        b.ingest(batch(steps, seq, spec=spec), float(seq))
+    rule = b.policy_for("m", spec, 20.0, "e1").categories["code"]
+    assert rule.k > 0
+    assert (rule.adapt.k_min == rule.adapt.k_max == rule.k) is band_collapsed, rule

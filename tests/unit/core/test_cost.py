@@ -16,6 +16,7 @@ from controller.core.cost import (
     step_kind,
     step_shape,
 )
+from controller.protocol import StepRecord
 from tests.unit.core.factories import cat_step, step
 
 
@@ -218,7 +219,7 @@ def test_corrupt_cells_are_refused(bad):
 
 
 # --- step kinds, prefill out of the fit, the mixed-k penalty ---------------------------------------------------
-def _kind_step(ks: list[int], prefill: int = 0) -> "StepRecord":
+def _kind_step(ks: list[int], prefill: int = 0) -> StepRecord:
     cats = [cat_step(f"c{i}", 1, [0.5] * 8, k=k) if k else cat_step(f"c{i}", 1, None) for i, k in enumerate(ks)]
     s = step(cats, depth=max(ks))
     return s.model_copy(update={"prefill_tokens": prefill, "scheduled_tokens": s.scheduled_tokens + prefill})
@@ -283,3 +284,12 @@ def test_kinds_roundtrip():
     model.add_many([(4.0, 32.0, 7.0, 0.0, 11.7e-3, UNIFORM)] * 50 + [(4.0, 28.0, 7.0, 0.0, 27.1e-3, MIXED)] * 50)
     back = OnlineCostModel.from_dict(model.to_dict(), H200, 10.0)
     assert back.mixed_penalty(4) == pytest.approx(model.mixed_penalty(4))
+
+
+def test_the_penalty_prior_holds_until_steps_speak():
+    from controller.core.cost import FULL_GRAPH_PENALTY
+    assert OnlineCostModel(H200).mixed_penalty(16, FULL_GRAPH_PENALTY) == pytest.approx(FULL_GRAPH_PENALTY)
+    model = OnlineCostModel(H200, 10.0)
+    model.decay_to(0.0, 300)
+    model.add_many([(16.0, 128.0, 7.0, 0.0, 12e-3, UNIFORM)] * 300 + [(16.0, 128.0, 7.0, 0.0, 12e-3, MIXED)] * 300)
+    assert model.mixed_penalty(16, FULL_GRAPH_PENALTY) < 1.1  # mixed steps measured as fast: the prior yields

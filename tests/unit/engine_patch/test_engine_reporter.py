@@ -59,13 +59,14 @@ class Clock:
         return self.t
 
 
-def make(script, **settings) -> tuple[Reporter, FakeController, StepQueue, PolicyHolder, Clock]:
+def make(script, engine: EngineSpec = ENGINE, **settings) -> tuple[Reporter, FakeController, StepQueue, PolicyHolder,
+                                                                  Clock]:
     fake = FakeController(script)
     queue = StepQueue(settings.pop("queue_steps", 100))
     holder = PolicyHolder(ENGINE)
     clock = Clock()
     cfg = EngineSettings.model_validate({"ingest_token": TOKEN, "report_interval_s": 0.1, **settings})
-    identity = Identity(engine_id="host-dp0", boot_id="b00t", model_name="m", spec=ENGINE.to_protocol())
+    identity = Identity(engine_id="host-dp0", boot_id="b00t", model_name="m", spec=engine.to_protocol())
     client = httpx.Client(transport=httpx.MockTransport(fake), headers={"authorization": f"Bearer {TOKEN}"})
     reporter = Reporter(cfg, queue, holder, identity, client=client, clock=clock, wall_clock=lambda: 1.7e9)
     return reporter, fake, queue, holder, clock
@@ -176,3 +177,13 @@ def test_thread_posts_on_its_own_and_stops_with_a_flush() -> None:
     reporter.stop(flush=True)
     assert fake.bodies and sum(len(b["steps"]) for b in fake.bodies) == 1
     assert [b["seq"] for b in fake.bodies] == list(range(len(fake.bodies)))
+
+
+@pytest.mark.parametrize(("full_graphs", "sent"), [(False, None), (True, True)])
+def test_the_spec_leaves_out_defaults_so_older_controllers_accept_it(full_graphs, sent) -> None:
+    engine = EngineSpec("ngram", 4, ("suffix",), full_cuda_graphs=full_graphs)
+    _reporter, fake, queue, _holder, _clock = make([ok()], engine)
+    queue.push(row())
+    _reporter.run_once()
+    assert fake.bodies[0]["spec"].get("full_cuda_graphs") is sent
+    assert protocol.TelemetryBatch.model_validate(fake.bodies[0]).spec.full_cuda_graphs is full_graphs

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine_patch import runtime
-from engine_patch.runtime import SpecctlMixin, build_runtime, engine_spec
+from engine_patch.runtime import SpecctlMixin, build_runtime, engine_spec, full_cuda_graphs
 from engine_patch.settings import EngineSettings
 
 
@@ -128,3 +128,42 @@ def test_user_batch_size_table_is_kept() -> None:
     parent.dynamic_sd_lookup = [0, 4, 2, 2]
     build_runtime(parent, EngineSettings.model_validate({"controller_url": "off"}))
     assert parent.dynamic_sd_lookup == [0, 4, 2, 2]
+
+
+class _Mode:
+    def __init__(self, full: bool) -> None:
+        self.full = full
+
+    def has_full_cudagraphs(self) -> bool:
+        return self.full
+
+
+def _graph_config(mode, eager: bool = False, device: str = "cuda"):
+    return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
+                           device_config=SimpleNamespace(device_type=device),
+                           compilation_config=SimpleNamespace(cudagraph_mode=mode))
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expected"),
+    [
+        (_graph_config(_Mode(True)), True),
+        (_graph_config(_Mode(False)), False),
+        (_graph_config(_Mode(True), eager=True), False),
+        (_graph_config(_Mode(True), device="cpu"), False),
+        (_graph_config(None), False),
+        (_graph_config("FULL_AND_PIECEWISE"), True),  # a layout without has_full_cudagraphs(): by name
+        (_graph_config("PIECEWISE"), False),
+        (SimpleNamespace(), False),  # an unknown layout never raises
+    ],
+)
+def test_full_cuda_graphs_detection(cfg, expected) -> None:
+    assert full_cuda_graphs(cfg) is expected
+
+
+def test_the_flag_travels_in_the_spec() -> None:
+    cfg = config("eagle3", 3)
+    cfg.model_config.enforce_eager = False
+    cfg.device_config = SimpleNamespace(device_type="cuda")
+    cfg.compilation_config = SimpleNamespace(cudagraph_mode=_Mode(True))
+    assert engine_spec(cfg, 3, False).to_protocol().full_cuda_graphs is True
