@@ -218,6 +218,9 @@ class Bench:
         from tests.support.stack import model_dir
 
         self.model_dir = model_dir(self.args.model_dir)
+        # telemetry is appended per phase: a fresh run must not mix in the steps of an earlier (killed) run
+        for stale in (self.tmp / "telemetry").glob("*.jsonl"):
+            stale.unlink()
         plan = [engines.no_spec()] + [engines.static(k) for k in self.args.ks]
         bar = tqdm(total=len(plan) + 5, desc="configurations", unit="cfg", position=0, dynamic_ncols=True)
         spec_cfg = engines.patched("specctl", "specctl")
@@ -273,6 +276,7 @@ class Bench:
         return report.normalized(self.runs, name, str(c))
 
     def _best_static(self, c: int) -> int:
+        """The static k (0 = off) with the best paired-normalised goodput at concurrency ``c``."""
         self.aggregate_specctl()
         best = (-1.0, 0)
         for name in self.runs:
@@ -280,16 +284,6 @@ class Bench:
             norm = self.normalized(name, c) if k is not None else None
             if norm and norm["goodput"] > best[0]:
                 best = (norm["goodput"], k)
-        return best[1]
-
-    def _best_static(self, c: int) -> int:
-        self.aggregate_specctl()
-        best = (-1.0, 0)
-        for name, run in self.runs.items():
-            k = oracle.static_k(name)
-            ph = run["phases"].get(str(c))
-            if k is not None and ph and ph["goodput"] > best[0]:
-                best = (ph["goodput"], k)
         return best[1]
 
     def _table(self) -> list[list[int]]:
@@ -448,7 +442,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", default="8,1", help="measured concurrencies, in run order")
     ap.add_argument("--ks", default=",".join(map(str, FIXED_KS)))
     ap.add_argument("--only", default="", help="comma-separated configurations to run (development)")
-    ap.add_argument("--variant-min-evidence", default="30",
+    ap.add_argument("--variant-min-evidence", default="200",
                     help="also run specctl with its own controller at these SPECCTL_POLICY_MIN_EVIDENCE values "
                          "(comma-separated drafts; '' = none): how much the cold-start guardrail costs here")
     ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
