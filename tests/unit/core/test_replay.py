@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from controller.core import ema_tiers, replay, whatif
-from controller.core.cost import CostCoefficients
+from controller.core.cost import CPU, CostCoefficients
 from controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 from tests.unit.core.factories import length_counts
 
@@ -172,7 +172,7 @@ def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
 
 # --- replay end to end ---------------------------------------------------------------------------------------------
 def _batches(n_batches: int = 30) -> list[TelemetryBatch]:
-    """Two categories on an n-gram engine at k=4 (code accepts, chat does not); step time linear in tokens."""
+    """Two categories on an n-gram engine at k=4 (code accepts, chat does not); the machine is the cpu preset."""
     out = []
     for seq in range(n_batches):
         steps = []
@@ -185,7 +185,7 @@ def _batches(n_batches: int = 30) -> list[TelemetryBatch]:
                                          counterfactual={"suffix": [DraftHistogram(k=8, accepted=length_counts(
                                              [beta] * 8, 8, 8))]}))
             tokens = 16 + 16 * 4
-            steps.append(StepRecord(t=seq + i * 0.01, wall_s=0.9e-3 + 75e-6 * tokens, batch_size=16,
+            steps.append(StepRecord(t=seq + i * 0.01, wall_s=CPU.step_time(16, tokens, 0, 64), batch_size=16,
                                     scheduled_tokens=tokens, draft_tokens=64, categories=cats))
         out.append(TelemetryBatch(engine_id="e1", boot_id="b1", model_name="m", seq=seq, sent_at=1000.0 + seq * 0.5,
                                   spec=NGRAM_SPEC, steps=steps))
