@@ -14,6 +14,7 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -107,6 +108,17 @@ def _same_basis(held: tuple, basis: tuple) -> bool:
     Decisions are compared by identity: a cached decision stays the same object until it is recomputed.
     """
     return bool(held) and held[0] is basis[0] and held[1:] == basis[1:]
+
+
+def refresh_interval(key: _Key, interval_s: float) -> float:
+    """This engine's decision period: ``interval_s`` times a fixed factor in [0.75, 1.25) drawn from its key.
+
+    Engines started together would otherwise have their decisions fall due in the same instant, every
+    interval, and posts queue behind them (load benchmark: p99 89 ms with 64 engines); with periods that
+    differ per engine the refreshes drift apart and spread over the interval.
+    """
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return interval_s * (0.75 + 0.5 * int.from_bytes(digest, "big") / 2.0**64)
 
 
 def _key(model: str, spec: SpecConfig, engine_id: str | None) -> _Key:
@@ -238,7 +250,7 @@ class Brain:
     def _decision(self, key: _Key, spec: SpecConfig, now: float) -> Decision:
         cached = self._decisions.get(key)
         signature = self._signature(key[0])
-        if cached is not None and 0 <= now - cached.computed_at < self.config.policy.interval_s \
+        if cached is not None and 0 <= now - cached.computed_at < refresh_interval(key, self.config.policy.interval_s) \
                 and cached.signature == signature:
             return cached.decision
         snap = self._snapshot(key, spec, now, cached.decision if cached else None)

@@ -68,8 +68,9 @@ class PolicySettings(BaseSettings):
 
     interval_s: float = Field(
         default=2.0, gt=0, le=600,
-        description="seconds; decisions are recomputed at most this often (cached in between). The engine "
-        "adapts each request every step; the controller only moves the per-category priors",
+        description="seconds; decisions are recomputed about this often (cached in between; each engine's "
+        "period is a fixed 0.75-1.25x of it, so engines started together do not all recompute at once). "
+        "The engine adapts each request every step; the controller only moves the per-category priors",
     )
     ttl_s: float = Field(
         default=30.0, gt=0, le=3600,

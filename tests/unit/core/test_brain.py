@@ -294,3 +294,24 @@ def test_an_engine_with_full_cuda_graphs_starts_without_adaptation_bands(full_gr
     rule = b.policy_for("m", spec, 20.0, "e1").categories["code"]
     assert rule.k > 0
     assert (rule.adapt.k_min == rule.adapt.k_max == rule.k) is band_collapsed, rule
+
+
+def test_decision_periods_differ_per_engine_and_stay_near_the_interval():
+    from controller.core.brain import _key, refresh_interval
+    periods = [refresh_interval(_key("m", SPEC, f"engine-{i}"), 2.0) for i in range(64)]
+    assert all(1.5 <= p < 2.5 for p in periods)
+    assert len({round(p, 6) for p in periods}) == 64  # no two engines share a period
+    assert max(periods) - min(periods) > 0.5  # spread over most of the band
+    assert refresh_interval(_key("m", SPEC, "engine-0"), 2.0) == periods[0]  # stable for one engine
+
+
+def test_a_decision_is_kept_until_its_own_period_runs_out():
+    from controller.core.brain import _key, refresh_interval
+    b = brain()
+    b.ingest(batch([step([cat_step("code", 4, [0.8] * 4)])] * 20, 0), 0.0)
+    period = refresh_interval(_key("m", SPEC, "e1"), b.config.policy.interval_s)
+    first = b.policy_for("m", SPEC, 1.0, "e1")
+    b.ingest(batch([step([cat_step("code", 4, [0.05] * 4)])] * 400, 1), 1.0 + period * 0.5)
+    assert b.policy_for("m", SPEC, 1.0 + period * 0.99, "e1").version == first.version  # cached
+    later = b.policy_for("m", SPEC, 1.0 + period * 1.01, "e1")
+    assert later.categories["code"].k < first.categories["code"].k  # recomputed on the new evidence
