@@ -67,9 +67,12 @@ HOLD_AFTER_FALLBACK_S = 1.0
 # -- helpers -----------------------------------------------------------------------------------------
 
 def _override_all(suite: FaultSuite, k: int) -> None:
+    # the method is pinned too: an override that sets only k keeps the policy's method, and once the policy
+    # moves a category to a model-free drafter (suffix) the engine's drafting depth no longer shows the pin
     for category in sorted(suite.categories):
         response = httpx.put(f"{suite.controller.url}/v1/overrides/{category}", headers=suite.controller.headers("admin"),
-                             json={"k": k, "reason": "fault suite pin", "actor": "faults"}, timeout=10)
+                             json={"k": k, "method": "ngram", "reason": "fault suite pin", "actor": "faults"},
+                             timeout=10)
         assert response.status_code == 200, response.text
 
 

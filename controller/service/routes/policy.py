@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
@@ -43,7 +43,8 @@ async def get_policy(
     k_max: Annotated[int, Query(ge=0, le=MAX_K, description="the engine's num_speculative_tokens")],
     method: Annotated[str, Query(pattern=METHOD_PATTERN, description="the engine's speculative method, or 'off'")],
     model_free: Annotated[
-        list[str] | None, Query(max_length=16, description="model-free drafters the engine can compute")
+        list[Literal["ngram", "suffix"]] | None,
+        Query(max_length=16, description="model-free drafters the engine can compute (the patch has these two)"),
     ] = None,
     full_cuda_graphs: Annotated[
         bool, Query(description="the engine replays full CUDA graphs for uniform decode batches")

@@ -170,3 +170,9 @@ def test_a_repeated_list_query_parameter_is_accepted(client):
 
 def test_token_is_checked_before_the_query(client):
     assert client.delete("/v1/overrides/code?actor=a&actor=b").status_code == 401
+
+
+@pytest.mark.parametrize("value", ["true", "0", "eagle3"])
+def test_model_free_names_only_the_patchs_drafters(client, value):
+    response = client.get(f"/v1/policy?model=m&k_max=4&method=ngram&model_free={value}")
+    assert response.status_code == 422, response.text
