@@ -112,6 +112,12 @@ class CategoryStep(_Strict):
         max_length=MAX_METHODS,
         description="model-free drafters scored against the tokens the target produced (not run on the device)",
     )
+    counterfactual_attempts: dict[Method, NonNegInt] = Field(
+        default_factory=dict,
+        max_length=MAX_METHODS,
+        description="proposals tried per model-free drafter: the ones scored in `counterfactual` plus those that "
+        "found no match and proposed nothing, so drafts in `counterfactual` over this is the drafter's match rate",
+    )
 
     @model_validator(mode="after")
     def _drafted_within_requests(self) -> CategoryStep:

@@ -46,7 +46,7 @@ from controller.adapt import RequestK, next_k
 from engine_patch.categories import category_from_sampling_params
 from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from engine_patch.proposers import PROPOSERS, TokenHistory
-from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_counterfactual, new_entry
+from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_attempt, add_counterfactual, new_entry
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"
@@ -76,6 +76,16 @@ class RequestState:
 def probe_selected(request_id: str, rate: float) -> bool:
     """Deterministic per request id: the same request is always probed or never."""
     return zlib.crc32(request_id.encode()) < rate * 4294967296.0
+
+
+def scored_methods(engine: EngineSpec) -> tuple[str, ...]:
+    """Drafters scored counterfactually: the model-free ones the patch may substitute, and the engine's own
+    drafter when the patch can compute it too (vLLM's n-gram), so a category running without drafts keeps
+    measuring the engine's drafter at no device cost instead of waiting for probes."""
+    methods = list(engine.model_free_methods)
+    if engine.method in PROPOSERS and engine.method not in methods:
+        methods.append(engine.method)
+    return tuple(methods)
 
 
 def common_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
@@ -151,7 +161,7 @@ class SpecHook:
         self.async_mode = async_mode
         self.max_categories = max_categories
         self.budget = overhead_budget
-        self.cf_methods = tuple(engine.model_free_methods) if engine.k_max > 0 and overhead_budget > 0 else ()
+        self.cf_methods = scored_methods(engine) if engine.k_max > 0 and overhead_budget > 0 else ()
         self.min_draft_depth = min(min_draft_depth, engine.k_max)
         self.window = search_window
         self.num_sampled = num_sampled_per_step
@@ -285,17 +295,25 @@ class SpecHook:
                     entry = agg[key] = new_entry()
                 actual = tokens[position : position + len(proposal)].tolist()
                 add_counterfactual(entry, method, len(proposal), common_prefix(proposal, actual))
+                add_attempt(entry, method)  # a matched try counts when it is scored, so hits <= attempts per step
                 self.stats.cf_scored += 1
             else:
                 waiting.append((method, position, proposal))
         busy = {method for method, _, _ in waiting}
         own = state.rule.method if state.rule is not None else None
+        tried = None
         for method in self.cf_methods:
             if method == own or method in busy:
                 continue
             proposal = PROPOSERS[method](tokens, self.engine.k_max, window=self.window)
             if proposal:
                 waiting.append((method, length, proposal))
+                continue
+            if tried is None:  # no match: a try that drafts nothing
+                tried = agg.get(key)
+                if tried is None:
+                    tried = agg[key] = new_entry()
+            add_attempt(tried, method)
         state.pending = waiting
 
     # -- inside schedule(), before the placeholders are sized -------------------------------------------

@@ -5,10 +5,11 @@ allocation per draft) and appends it to a :class:`StepQueue`; the reporter threa
 rows into :class:`~controller.protocol.StepRecord`-shaped dicts (:func:`row_to_wire`). Appending is one
 ``deque.append`` (thread-safe, O(1)); a full queue drops its oldest row and counts it.
 
-Aggregation per step, keyed by ``(category, method)``: ``[requests, hists, counterfactual]`` where
-``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the protocol's
-:class:`~controller.protocol.DraftHistogram` -- and ``counterfactual[method][k][j]`` the same for model-free
-drafters scored against the tokens the target produced.
+Aggregation per step, keyed by ``(category, method)``: ``[requests, hists, counterfactual, attempts]``
+where ``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the
+protocol's :class:`~controller.protocol.DraftHistogram` -- ``counterfactual[method][k][j]`` the same for
+model-free drafters scored against the tokens the target produced, and ``attempts[method]`` the proposals
+tried for that scoring, matched or not (the match rate's denominator).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any, NamedTuple
 
 from controller import protocol
 
-#: ``(category, method) -> [requests, {k: accepted-buckets}, {method: {k: accepted-buckets}} | None]``
+#: ``(category, method) -> [requests, {k: accepted-buckets}, {method: {k: accepted-buckets}} | None,
+#: {method: attempts} | None]``
 Aggregate = dict[tuple[str, str], list[Any]]
 
 
@@ -34,7 +36,7 @@ class StepRow(NamedTuple):
 
 
 def new_entry() -> list[Any]:
-    return [0, {}, None]
+    return [0, {}, None, None]
 
 
 def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
@@ -53,6 +55,14 @@ def add_counterfactual(entry: list[Any], method: str, drafted: int, accepted: in
     if hists is None:
         hists = cf[method] = {}
     add_draft(hists, drafted, accepted)
+
+
+def add_attempt(entry: list[Any], method: str) -> None:
+    """Count one counterfactual proposal tried for ``method``, whether it found a match or not."""
+    attempts = entry[3]
+    if attempts is None:
+        attempts = entry[3] = {}
+    attempts[method] = attempts.get(method, 0) + 1
 
 
 class StepQueue:
@@ -96,7 +106,7 @@ def _hists_to_wire(hists: dict[int, list[int]]) -> list[dict[str, Any]]:
 def row_to_wire(row: StepRow) -> dict[str, Any]:
     """A :class:`StepRow` as a :class:`~controller.protocol.StepRecord` dict."""
     categories = []
-    for (category, method), (requests, hists, cf) in row.agg.items():
+    for (category, method), (requests, hists, cf, attempts) in row.agg.items():
         entry: dict[str, Any] = {
             "category": category,
             "method": method,
@@ -105,6 +115,8 @@ def row_to_wire(row: StepRow) -> dict[str, Any]:
         }
         if cf:
             entry["counterfactual"] = {m: _hists_to_wire(h) for m, h in cf.items() if h}
+        if attempts:
+            entry["counterfactual_attempts"] = dict(attempts)
         categories.append(entry)
     draft_tokens = min(row.draft_tokens, row.scheduled_tokens)
     return {

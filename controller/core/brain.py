@@ -271,9 +271,10 @@ class Brain:
 
     def _profile(self, method: str, est: AcceptanceEstimator, k: int) -> MethodProfile:
         ls = self.config.learner
+        free = is_model_free(method)
         return MethodProfile(method, tuple(est.betas(max(k, 1), ls.prior_mean, ls.prior_strength)), est.evidence,
-                             est.cf_drafts > est.real_drafts, is_model_free(method),
-                             float(est.cum.drafts + est.cf_cum.drafts))
+                             est.cf_drafts > est.real_drafts, free, float(est.cum.drafts + est.cf_cum.drafts),
+                             est.match_rate(ls.prior_strength) if free else 1.0)
 
     def _snapshot(self, key: _Key, spec: SpecConfig, now: float, previous: Decision | None) -> PolicySnapshot:
         model, engine_id = key[0], key[4]
@@ -409,7 +410,9 @@ class Brain:
                           None if mal is None else round(mal, 6),
                           tuple(round(x, 6) for x in est.length_distribution()),
                           tuple(round(x, 6) for x in expected_committed(betas[:k])), est.cum.drafts,
-                          est.cum.accepted_tokens)
+                          est.cum.accepted_tokens,
+                          round(est.match_rate(ls.prior_strength), 6) if is_model_free(method) else 1.0,
+                          round(est.attempts, 3))
 
     def _category_view(self, model: str, category: str, now: float,
                        eff: tuple[Decision, Policy, SpecConfig, str] | None) -> CategoryView:

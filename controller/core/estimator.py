@@ -16,6 +16,12 @@ Forgetting: all counts are multiplied by ``2 ** (-(now - t_last) / half_life_s)`
 added (time is injected). A uniform decay leaves the means unchanged and only shrinks the evidence, so
 an old category keeps its estimate but loses the confidence the guardrails ask for.
 
+Match rate: a model-free drafter (n-gram, suffix) proposes only when it finds a match, so a request asked
+to draft k tokens often drafts none. The histograms describe the drafts that happened; ``attempts`` (request
+steps that asked the drafter, or counterfactual proposals tried) and ``hits`` (those that drafted), decayed
+alike, give the match rate ``m = hits / attempts`` that scales both the gain and the drafted tokens
+(:meth:`AcceptanceEstimator.match_rate`). Unknown (no attempts reported) reads as 1: every ask drafts.
+
 Cumulative (never decayed) counters are kept alongside for Prometheus counters.
 """
 
@@ -157,7 +163,8 @@ class Cumulative:
 class AcceptanceEstimator:
     """Decayed per-position evidence for one (model, category, method)."""
 
-    __slots__ = ("accepted", "cf_cum", "cf_drafts", "cum", "lengths", "max_k", "reached", "real_drafts", "t_last")
+    __slots__ = ("accepted", "attempts", "cf_cum", "cf_drafts", "cum", "hits", "lengths", "max_k", "reached",
+                 "real_drafts", "t_last")
 
     def __init__(self) -> None:
         self.reached = np.zeros(MAX_K)
@@ -167,6 +174,8 @@ class AcceptanceEstimator:
         self.max_k = 0
         self.real_drafts = 0.0  # decayed drafts that were really run
         self.cf_drafts = 0.0  # decayed drafts scored counterfactually
+        self.attempts = 0.0  # decayed asks of the drafter (request steps or counterfactual proposals tried)
+        self.hits = 0.0  # decayed asks that drafted at least one token
         self.cum = Cumulative()
         self.cf_cum = Cumulative()
 
@@ -180,6 +189,8 @@ class AcceptanceEstimator:
                 self.lengths *= f
                 self.real_drafts *= f
                 self.cf_drafts *= f
+                self.attempts *= f
+                self.hits *= f
         if self.t_last is None or now > self.t_last:
             self.t_last = now
 
@@ -207,6 +218,11 @@ class AcceptanceEstimator:
             self.cum.add_sums(sums)
         self.max_k = max(self.max_k, sums.max_k_drafted)
 
+    def add_attempts(self, attempts: float, hits: float) -> None:
+        """Asks of the drafter and how many of them drafted; call :meth:`decay_to` first."""
+        self.attempts += max(0.0, attempts)
+        self.hits += max(0.0, min(hits, attempts))
+
     def merge_from(self, other: AcceptanceEstimator) -> None:
         """Pool another estimator's decayed evidence (both decayed to the same time first)."""
         self.reached += other.reached
@@ -214,6 +230,8 @@ class AcceptanceEstimator:
         self.lengths += other.lengths
         self.real_drafts += other.real_drafts
         self.cf_drafts += other.cf_drafts
+        self.attempts += other.attempts
+        self.hits += other.hits
         self.max_k = max(self.max_k, other.max_k)
         if other.t_last is not None and (self.t_last is None or other.t_last > self.t_last):
             self.t_last = other.t_last
@@ -236,6 +254,11 @@ class AcceptanceEstimator:
             out.append(mean)
         return out
 
+    def match_rate(self, prior_strength: float) -> float:
+        """Share of asks that drafted: Beta posterior mean with a prior of ``prior_strength`` asks at 1 (no
+        evidence of misses: price the drafter as if it always drafts, as before the rate was reported)."""
+        return (prior_strength + self.hits) / (prior_strength + self.attempts)
+
     def length_distribution(self) -> list[float]:
         total = float(self.lengths.sum())
         top = max(self.max_k, 1)
@@ -257,6 +280,7 @@ class AcceptanceEstimator:
             "reached": self.reached[:top].tolist(), "accepted": self.accepted[:top].tolist(),
             "lengths": self.lengths[: top + 1].tolist(), "t_last": self.t_last, "max_k": self.max_k,
             "real_drafts": self.real_drafts, "cf_drafts": self.cf_drafts,
+            "attempts": self.attempts, "hits": self.hits,
             "cum": self.cum.to_dict(), "cf_cum": self.cf_cum.to_dict(),
         }
 
@@ -274,6 +298,10 @@ class AcceptanceEstimator:
         est.max_k = min(int(d.get("max_k", 0)), MAX_K)
         est.real_drafts = max(0.0, float(d.get("real_drafts", 0.0)))
         est.cf_drafts = max(0.0, float(d.get("cf_drafts", 0.0)))
+        est.attempts = max(0.0, float(d.get("attempts", 0.0)))
+        est.hits = min(max(0.0, float(d.get("hits", 0.0))), est.attempts)
+        if not (math.isfinite(est.attempts) and math.isfinite(est.hits)):
+            raise ValueError("bad attempts")
         est.cum = Cumulative.from_dict(d["cum"])
         est.cf_cum = Cumulative.from_dict(d["cf_cum"])
         return est

@@ -42,6 +42,8 @@ class BatchDigest:
     """What one batch adds, summed per key; built without touching any state."""
 
     hists: dict[tuple[str, str, bool], dict[int, list[int]]]
+    #: (category, method, counterfactual) -> [asks of the drafter, asks that drafted]: the match rate
+    asks: dict[tuple[str, str, bool], list[int]]
     requests: dict[str, int]
     committed: dict[str, int]
     spec_off: dict[str, int]
@@ -71,6 +73,7 @@ class ModelState:
     def digest(self, batch: TelemetryBatch, cap: int) -> BatchDigest:
         # the histograms' rows, kept by reference and summed per column once at the end (zip does that in C)
         rows_by_key: dict[tuple[str, str, bool], dict[int, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
+        asks: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
         requests: dict[str, int] = defaultdict(int)
         spec_off: dict[str, int] = defaultdict(int)
         shapes = []
@@ -106,25 +109,36 @@ class ModelState:
                     held = self.categories.get(cat)
                     mset = methods_per_cat[cat] = set(held.methods) if held is not None else set()
                 real = batch.spec.method if cs.method == METHOD_ENGINE else cs.method
-                entries = [(real, False, cs.hists)] if real != METHOD_OFF else []
-                entries += [(m, True, hs) for m, hs in cs.counterfactual.items()]
-                for method, cf, hs in entries:
-                    if not hs:
+                # (method, counterfactual, histograms, asks): every request of a drafting method asked it
+                entries = [(real, False, cs.hists, cs.requests)] if real != METHOD_OFF else []
+                tried = cs.counterfactual_attempts
+                entries += [(m, True, cs.counterfactual.get(m, ()), tried.get(m, 0))
+                            for m in {**cs.counterfactual, **tried}]
+                for method, cf, hs, asked in entries:
+                    if not hs and not asked:
                         continue
                     if method not in mset:
                         if len(mset) >= MAX_METHODS:
                             dropped += 1
                             continue
                         mset.add(method)
-                    rows = rows_by_key[(cat, method, cf)]
-                    for h in hs:
-                        rows[h.k].append(h.accepted)
-                        if not cf:
-                            drafted += sum(h.accepted)
+                    key = (cat, method, cf)
+                    hit = 0
+                    if hs:
+                        rows = rows_by_key[key]
+                        for h in hs:
+                            rows[h.k].append(h.accepted)
+                            hit += sum(h.accepted)
+                    if not cf:
+                        drafted += hit
+                    if asked:
+                        pair = asks[key]
+                        pair[0] += asked
+                        pair[1] += hit
                 spec_off[cat] += max(0, cs.requests - drafted)
         hists = {key: {k: _column_sums(counts) for k, counts in per_k.items()} for key, per_k in rows_by_key.items()}
         committed = _committed_tokens(requests, hists)
-        return BatchDigest(hists, dict(requests), committed, dict(spec_off), dict(requests), shapes, busy,
+        return BatchDigest(hists, dict(asks), dict(requests), committed, dict(spec_off), dict(requests), shapes, busy,
                            busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped)
 
     def apply(self, d: BatchDigest, now: float, s: LearnerSettings, engine_mix: Mix) -> None:
@@ -139,6 +153,14 @@ class ModelState:
                 est.decay_to(now, s.half_life_s)
                 touched.add(id(est))
             est.add_many(per_k, cf)
+        for (cat, method, _cf), (asked, hit) in d.asks.items():
+            est = self.categories[cat].methods.get(method)
+            if est is None:
+                est = self.categories[cat].methods[method] = AcceptanceEstimator()
+            if id(est) not in touched:
+                est.decay_to(now, s.half_life_s)
+                touched.add(id(est))
+            est.add_attempts(asked, hit)
         for cat, n in d.requests.items():
             st = self.categories[cat]
             st.request_steps += n

@@ -32,6 +32,10 @@ class MethodView:
     expected_committed: tuple[float, ...]  # E(0..k_max) from the posterior means
     drafts_total: int
     accepted_tokens_total: int
+    #: share of asks that drafted (a model-free drafter proposes only on a match; 1 = always), and the
+    #: decayed asks behind it; the policy scales E(k) - 1 and the drafted tokens by it
+    match_rate: float = 1.0
+    asks: float = 0.0
 
 
 @dataclass(frozen=True)

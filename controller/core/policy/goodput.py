@@ -3,12 +3,15 @@
 Formula. For a category c with conditional acceptance beta_{c,m,i} for drafter m at position i, a
 request step at proposal length k commits
 
-    E_c(k) = 1 + sum_{i=1..k} prod_{j<=i} beta_{c,m,j}        (E_c(0) = 1)
+    E_c(k) = 1 + m_{c,m} * sum_{i=1..k} prod_{j<=i} beta_{c,m,j}        (E_c(0) = 1)
 
-tokens. All categories share one engine step, so the objective is the batch goodput
+tokens, where m_{c,m} is the drafter's match rate: the share of the category's request steps on which it
+drafts at all (a model-free drafter proposes only on a match; 1 for model drafters). The betas are learned
+from the drafts that happened, so without m a rarely matching drafter looks as good as its matches.
+All categories share one engine step, so the objective is the batch goodput
 
     G = sum_c n_c * E_c(k_c) / E[T(n, N, d, D_free)]
-    n = sum_c n_c,  N = extra + sum_c n_c * (1 + k_c),  D_free = sum_{c on a model-free drafter} n_c k_c,
+    n = sum_c n_c,  N = extra + sum_c n_c * (1 + m_c k_c),  D_free = sum_{c on a model-free drafter} n_c m_c k_c,
     d = drafting depth of the step = the largest k among its model-drafted requests; with n requests drawn
         from the mix, P(d <= x) = (sum_{c: d_c <= x} n_c / n) ** n  (batch 1: each request its own depth;
         large batches: the deepest category's k)
@@ -92,6 +95,15 @@ class _Options:
     model: np.ndarray
     free: np.ndarray
     methods: tuple[str, ...]
+    drafted: np.ndarray | None = None  # draft tokens per request step (k times the match rate; None: k)
+
+    @property
+    def d(self) -> np.ndarray:
+        return self.k if self.drafted is None else self.drafted
+
+    def tail(self) -> _Options:
+        """Every option but the first ('off')."""
+        return _Options(self.k[1:], self.e[1:], self.model[1:], self.free[1:], self.methods[1:], self.d[1:])
 
     def __len__(self) -> int:
         return len(self.k)
@@ -99,17 +111,28 @@ class _Options:
 
 def _options(profiles: list[MethodProfile], k_max: int) -> _Options:
     ks, es, model, free, methods = [np.zeros(1)], [np.ones(1)], [np.zeros(1, bool)], [np.zeros(1, bool)], [METHOD_OFF]
+    drafted = [np.zeros(1)]
     for p in profiles:
         kk = min(k_max, len(p.betas))
         if kk <= 0:
             continue
-        ks.append(np.arange(1, kk + 1, dtype=float))
-        es.append(1.0 + np.cumsum(np.cumprod(np.asarray(p.betas[:kk], dtype=float))))
+        k = np.arange(1, kk + 1, dtype=float)
+        m = _match(p)
+        ks.append(k)
+        es.append(1.0 + m * np.cumsum(np.cumprod(np.asarray(p.betas[:kk], dtype=float))))
+        drafted.append(m * k)
         model.append(np.full(kk, not p.model_free))
         free.append(np.full(kk, p.model_free))
         methods.extend([p.method] * kk)
     return _Options(np.concatenate(ks), np.concatenate(es), np.concatenate(model), np.concatenate(free),
-                    tuple(methods))
+                    tuple(methods), np.concatenate(drafted))
+
+
+def _match(p: MethodProfile | None) -> float:
+    """Share of a model-free drafter's request steps that draft (it proposes only on a match); 1 otherwise."""
+    if p is None or not p.model_free:
+        return 1.0
+    return min(max(p.match_rate, 0.0), 1.0)
 
 
 def _fixed_option(choice: Choice, profile: MethodProfile | None) -> _Options:
@@ -120,8 +143,9 @@ def _fixed_option(choice: Choice, profile: MethodProfile | None) -> _Options:
     betas = tuple(profile.betas) if profile is not None else ()
     betas = (betas + (betas[-1] if betas else 0.5,) * k)[:k]
     free = profile.model_free if profile is not None else is_model_free(choice.method)
-    return _Options(np.array([float(k)]), np.array([expected_committed(betas)[-1]]), np.array([not free]),
-                    np.array([free]), (choice.method,))
+    m = _match(profile)
+    return _Options(np.array([float(k)]), np.array([1.0 + m * (expected_committed(betas)[-1] - 1.0)]),
+                    np.array([not free]), np.array([free]), (choice.method,), np.array([m * k]))
 
 
 class _Problem:
@@ -137,13 +161,14 @@ class _Problem:
         self.valid = np.zeros((u, o), dtype=bool)
         self.e = np.ones((u, o))
         self.k = np.zeros((u, o))
+        self.d = np.zeros((u, o))  # draft tokens per request step (k times the drafter's match rate)
         self.free_k = np.zeros((u, o))
         self.model_k = np.zeros((u, o))
         for i, op in enumerate(options):
             n = len(op)
             self.valid[i, :n] = True
-            self.e[i, :n], self.k[i, :n] = op.e, op.k
-            self.free_k[i, :n] = np.where(op.free, op.k, 0.0)
+            self.e[i, :n], self.k[i, :n], self.d[i, :n] = op.e, op.k, op.d
+            self.free_k[i, :n] = np.where(op.free, op.d, 0.0)
             self.model_k[i, :n] = np.where(op.model, op.k, 0.0)
         self.at_or_below = (self.levels[None, None, :] >= self.model_k[:, :, None]).astype(float)
         self.share = np.array(shares, dtype=float)
@@ -164,7 +189,7 @@ class _Problem:
         self.rows = np.arange(u)
         # per option, the terms each category adds to the sums below (w / E weighs by slots held)
         self.slot = np.where(self.valid, self.w[:, None] / self.e, 0.0)
-        self.slot_tok = self.slot * (1.0 + self.k)
+        self.slot_tok = self.slot * (1.0 + self.d)
         self.slot_free = self.slot * self.free_k
         self.slot_aob = self.slot[:, :, None] * self.at_or_below
 
@@ -451,7 +476,7 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
     pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
                   depth_factor=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     # every row alone: a batch of n requests all of that category
-    t = pb.time(n * (1.0 + pb.k), n * pb.e, n * pb.free_k, pb.at_or_below)
+    t = pb.time(n * (1.0 + pb.d), n * pb.e, n * pb.free_k, pb.at_or_below)
     g = np.where(pb.valid, n * pb.e / t, -np.inf)
     best = np.argmax(g, axis=1)
     for row, i in enumerate(idx):
@@ -485,7 +510,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
             # free on every request) would never be measured on the engine's own drafter.
             exploring.add(len(names) - 1)
             opts = _options([pooled_engine], snap.k_max)
-            options.append(_Options(opts.k[1:], opts.e[1:], opts.model[1:], opts.free[1:], opts.methods[1:]))
+            options.append(opts.tail())
             movable.append(True)
         elif usable:
             options.append(_options(usable, snap.k_max))
@@ -529,6 +554,9 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
             source = "policy"
             reason = (f"max goodput: E({k})={e:.2f} tokens/step, step {t * 1e3:.2f} ms at batch {pb.n:.1f}, "
                       f"{speedup:.2f}x plain")
+            match = float(options[u].d[j]) / k if k else 1.0
+            if match < 0.995:
+                reason += f"; {method} drafts on {match:.0%} of steps (match rate)"
             if u in exploring:
                 source = "default"
                 reason = (f"measuring {engine} (< {cfg.min_evidence:g} drafts of this category), priced with the "

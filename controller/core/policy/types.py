@@ -18,6 +18,8 @@ class MethodProfile:
     counterfactual: bool  # evidence mostly scored counterfactually (model-free drafter not run)
     model_free: bool
     drafts_total: float = 0.0  # drafts ever seen (not decayed): eligibility survives a drafter not being run
+    #: share of request steps that draft (a model-free drafter proposes only on a match; 1 for model drafters)
+    match_rate: float = 1.0
 
     @property
     def eligible_evidence(self) -> float:

@@ -315,3 +315,36 @@ def test_a_decision_is_kept_until_its_own_period_runs_out():
     assert b.policy_for("m", SPEC, 1.0 + period * 0.99, "e1").version == first.version  # cached
     later = b.policy_for("m", SPEC, 1.0 + period * 1.01, "e1")
     assert later.categories["code"].k < first.categories["code"].k  # recomputed on the new evidence
+
+
+NGRAM_SPEC = SpecConfig(method="ngram", k_max=8, model_free_methods=["suffix"])
+
+
+@pytest.mark.parametrize(("drafting", "suffix_hits"), [(1, 2), (5, 10), (10, 20)])
+def test_match_rates_are_learned_per_drafter_and_priced(drafting, suffix_hits):
+    """10 requests per step ask the engine's n-gram drafter and ``drafting`` of them draft; the suffix drafter
+    is tried 20 times and matches ``suffix_hits``: both rates reach the views and the policy's E(k)."""
+    b = brain("cpu")
+    good = [0.9] * 8
+    for s in range(60):
+        cs = CategoryStep(category="prose", method="ngram", requests=10, hists=[hist_of(good, 8, drafting)],
+                          counterfactual={"suffix": [hist_of(good, 8, suffix_hits)]},
+                          counterfactual_attempts={"suffix": 20})
+        b.ingest(batch([step([cs], wall_s=0.08)], s, spec=NGRAM_SPEC), 1000.0 + s * 0.1)
+    view = b.category("prose", 1006.0).to_dict()
+    rates = {m["method"]: m["match_rate"] for m in view["methods"]}
+    assert rates["ngram"] == pytest.approx(drafting / 10, abs=0.01)
+    assert rates["suffix"] == pytest.approx(suffix_hits / 20, abs=0.01)
+    d = view["decision"]
+    if d["k"] > 0:
+        m = rates[d["method"]]
+        e_drafted = 1 + sum(0.9 ** i for i in range(1, d["k"] + 1))  # E(k) of the drafts that happened
+        assert d["expected_committed"] <= 1 + m * (e_drafted - 1) + 0.05
+        if m < 0.99:
+            assert "match rate" in d["reason"]
+
+
+def hist_of(betas, k, n):
+    from tests.unit.core.factories import hist
+
+    return hist(betas, k, n)

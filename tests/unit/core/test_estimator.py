@@ -172,3 +172,36 @@ def test_adding_a_batch_at_once_equals_adding_its_histograms_one_by_one(per_k, c
     assert (together.cf_drafts, together.real_drafts) == ((drafts, 0) if counterfactual else (0, drafts))
     counted, untouched = (together.cf_cum, together.cum) if counterfactual else (together.cum, together.cf_cum)
     assert counted.to_dict() == cum and untouched.drafts == 0
+
+
+@pytest.mark.parametrize(("asks", "hits", "prior", "rate"), [
+    (0, 0, 4.0, 1.0),  # nothing reported: the drafter is priced as always drafting
+    (100, 25, 4.0, 29 / 104),
+    (1000, 0, 4.0, 4 / 1004),
+    (10, 10, 4.0, 1.0),
+    (10, 20, 4.0, 1.0),  # more hits than asks in one call cannot happen: clamped
+])
+def test_match_rate_is_a_posterior_share_of_asks_that_drafted(asks, hits, prior, rate):
+    est = AcceptanceEstimator()
+    est.decay_to(0.0, 120)
+    est.add_attempts(asks, hits)
+    assert est.match_rate(prior) == pytest.approx(rate)
+
+
+def test_match_rate_decays_merges_and_persists():
+    a, b = AcceptanceEstimator(), AcceptanceEstimator()
+    a.decay_to(0.0, 10)
+    a.add_attempts(100, 10)
+    a.decay_to(10.0, 10)  # one half-life: the counts halve, the rate stays
+    assert (a.attempts, a.hits) == (50, 5)
+    b.decay_to(10.0, 10)
+    b.add_attempts(50, 45)
+    pool = AcceptanceEstimator()
+    pool.merge_from(a)
+    pool.merge_from(b)
+    assert pool.match_rate(1e-9) == pytest.approx(0.5)
+    again = AcceptanceEstimator.from_dict(pool.to_dict())
+    assert (again.attempts, again.hits) == (pool.attempts, pool.hits)
+    old = pool.to_dict()
+    del old["attempts"], old["hits"]  # a snapshot written before the rate was kept
+    assert AcceptanceEstimator.from_dict(old).match_rate(4.0) == 1.0

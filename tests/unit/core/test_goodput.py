@@ -318,3 +318,31 @@ def test_a_mixed_k_penalty_pulls_two_categories_to_one_k():
     pinned = goodput.decide(replace(base, mixed_penalty=3.0), CFG).by_name()
     assert free["a"].k != free["b"].k  # without a penalty the two acceptances want different k
     assert pinned["a"].k == pinned["b"].k  # a mixed batch costing 3x: one k for the whole batch
+
+
+@pytest.mark.parametrize("match", [1.0, 0.6, 0.3, 0.05])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_match_rate_scales_the_gain_and_the_drafted_tokens(match, batch):
+    """A model-free drafter that drafts on ``match`` of the request steps commits 1 + m (E(k) - 1) tokens per
+    step and adds m k tokens to verify: both priced, on the CPU preset where every verified token costs."""
+    betas = (0.9,) * 8
+    p = MethodProfile("ngram", betas, 10_000.0, False, True, 10_000.0, match)
+    s = snap([("c", float(batch), (p,))], batch, cost=CPU, k_max=8, engine="ngram")
+    d = goodput.decide(s, CFG)
+    c = d.by_name()["c"]
+    e = expected_committed(betas)
+    if c.k:
+        assert c.expected_committed == pytest.approx(1 + match * (e[c.k] - 1), abs=1e-3)
+        n = float(batch)
+        t = CPU.step_time(n, n * (1 + match * c.k), 0, n * match * c.k)
+        assert d.step_ms == pytest.approx(t * 1e3, rel=1e-3)
+    # whatever the match rate, speculation that drafts rarely cannot look better than it is
+    assert c.speedup <= 1 + match * (e[8] - 1) + 1e-9
+
+
+def test_a_rarely_matching_drafter_loses_to_one_that_matches():
+    """Same acceptance per draft: the drafter that drafts on more steps wins the category."""
+    rare = MethodProfile("ngram", (0.95,) * 8, 10_000.0, False, True, 10_000.0, 0.05)
+    often = MethodProfile("suffix", (0.8,) * 8, 10_000.0, True, True, 10_000.0, 0.6)
+    s = snap([("c", 8.0, (rare, often))], 8, cost=CPU, k_max=8, engine="ngram", methods=("ngram", "suffix"))
+    assert goodput.decide(s, CFG).by_name()["c"].method == "suffix"

@@ -227,3 +227,35 @@ def test_steps_flow_into_a_bounded_queue() -> None:
     run(rig, 10)
     assert len(rig.queue) == 4 and rig.queue.dropped == 6
     assert rig.hook.stats.steps == 10
+
+
+@pytest.mark.parametrize(("category", "text", "matches"), [
+    ("rep", [5, 6, 7, 8, 9] * 6, True),  # every n-gram recurs: the drafters match
+    ("uniq", list(range(1000, 1030)), False),  # no n-gram recurs: nothing to propose
+])
+def test_counterfactual_tries_are_counted_with_or_without_a_match(category: str, text: list[int],
+                                                                  matches: bool) -> None:
+    """The match rate's denominator: every try is reported, matched or not, and never fewer than the drafts;
+    a category running without drafts keeps measuring the engine's own (model-free) drafter too."""
+    rig = Rig(budget=0.05, correct={"": 1})
+    rig.install(default=CP(k=0, method="off"))
+    script = text * 20 if matches else list(range(2000, 2400))
+    for i in range(4):
+        rig.add(f"r{i}", category, prompt=text, script=script, max_tokens=120)
+    run(rig, 80)
+    tries: dict[str, int] = {}
+    drafts: dict[str, int] = {}
+    for row in rig.queue.drain(100_000):
+        record = protocol.StepRecord.model_validate(row_to_wire(row))
+        for cat in record.categories:
+            for method, n in cat.counterfactual_attempts.items():
+                tries[method] = tries.get(method, 0) + n
+            for method, hists in cat.counterfactual.items():
+                drafts[method] = drafts.get(method, 0) + sum(h.drafts for h in hists)
+                assert sum(h.drafts for h in hists) <= cat.counterfactual_attempts.get(method, 0)
+    assert set(tries) == {"suffix", "ngram"}
+    assert min(tries.values()) >= 10
+    if matches:
+        assert all(drafts.get(m, 0) >= 0.5 * tries[m] for m in tries), (drafts, tries)
+    else:
+        assert drafts == {}

@@ -73,7 +73,8 @@ def make(script, engine: EngineSpec = ENGINE, **settings) -> tuple[Reporter, Fak
 
 
 def row(t: float = 1.0) -> StepRow:
-    agg = {("json", "ngram"): [2, {2: [0, 1, 1]}, {"suffix": {3: [1, 0, 0, 0]}}], ("default", "off"): [1, {}, None]}
+    agg = {("json", "ngram"): [2, {2: [0, 1, 1]}, {"suffix": {3: [1, 0, 0, 0]}}, {"suffix": 4}],
+           ("default", "off"): [1, {}, None, None]}
     return StepRow(t=t, wall_s=0.01, batch_size=3, scheduled_tokens=9, draft_tokens=4, prefill_tokens=2,
                    draft_depth=2, agg=agg)
 
@@ -85,6 +86,8 @@ def test_delivers_a_valid_batch_and_installs_the_policy() -> None:
     batch = protocol.TelemetryBatch.model_validate(fake.bodies[0])
     assert (batch.seq, batch.engine_id, len(batch.steps), batch.policy_version) == (0, "host-dp0", 1, None)
     assert batch.steps[0].categories[0].counterfactual["suffix"][0].k == 3
+    assert batch.steps[0].categories[0].counterfactual_attempts == {"suffix": 4}
+    assert "counterfactual_attempts" not in fake.bodies[0]["steps"][0]["categories"][1]
     assert fake.headers[0]["authorization"] == f"Bearer {TOKEN}"
     assert holder.current(clock()).version == 3
     queue.push(row())
