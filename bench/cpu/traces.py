@@ -53,7 +53,7 @@ def engine_histograms(records: Iterable[Record]) -> dict[str, dict[int, list[int
     out: dict[str, dict[int, list[int]]] = defaultdict(dict)
     for r in records:
         spec = r.spec or {}
-        for d, a in zip(spec.get("per_step_drafted", []), spec.get("per_step_accepted", [])):
+        for d, a in zip(spec.get("per_step_drafted") or [], spec.get("per_step_accepted") or []):
             _add(out[r.category], int(d), int(a))
     return dict(out)
 
@@ -72,7 +72,8 @@ def heterogeneity(records: Iterable[Record], min_drafts: int = 8) -> dict[str, f
     logits: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in records:
         spec = r.spec or {}
-        pairs = [(int(d), int(a)) for d, a in zip(spec.get("per_step_drafted", []), spec.get("per_step_accepted", []))
+        pairs = [(int(d), int(a))
+                 for d, a in zip(spec.get("per_step_drafted") or [], spec.get("per_step_accepted") or [])
                  if int(d) > 0]
         if len(pairs) < min_drafts:
             continue

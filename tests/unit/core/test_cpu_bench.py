@@ -75,7 +75,8 @@ def spec(drafted: list[int], accepted: list[int]) -> dict:
 
 
 def test_engine_histograms_bucket_every_verify_step_by_drafted_length() -> None:
-    records = [rec("a", "c", [1], 0, 1, spec=spec([4, 4, 2], [4, 1, 0])), rec("b", "c", [1], 0, 1, spec=None)]
+    records = [rec("a", "c", [1], 0, 1, spec=spec([4, 4, 2], [4, 1, 0])), rec("b", "c", [1], 0, 1, spec=None),
+               rec("d", "c", [1], 0, 1, spec={"per_step_drafted": None, "per_step_accepted": None})]  # vLLM: no steps
     assert traces.engine_histograms(records) == {"c": {4: [0, 1, 0, 0, 1], 2: [1, 0, 0]}}
 
 
