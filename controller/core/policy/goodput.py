@@ -49,6 +49,10 @@ Guardrails, applied on top:
     and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput while
     the drafter could pay at the upper confidence bound of its acceptance, and below ``probe_idle_budget``
     (a keep-alive) while even that bound says it cannot;
+  * category floor (``category_floor`` f, default 0 = off): no category with requests in the batch is
+    modelled below f x its plain goodput per request, E_c T_plain / T_c, with T_c the mean step with one
+    average request swapped for c's own (batch 1: its own step); a configuration short of it counts
+    (r / f) ** 40 of its goodput, so "all off" stays a feasible start;
   * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
     batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput);
     no band (k only) where the mixed-k penalty exceeds 1 + ``adapt_tolerance``.
