@@ -17,6 +17,8 @@ chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each
                  the fact (bench/cpu/oracle.py); the oracle is the best per-category static config measured
   specctl-min-evidence-N   specctl with its own fresh controller at SPECCTL_POLICY_MIN_EVIDENCE=N (not a
                  target row: shows what the policy's evidence guardrail costs on this machine)
+  specctl-category-floor-F specctl with its own fresh controller at SPECCTL_POLICY_CATEGORY_FLOOR=F (not a
+                 target row: what promising every category F x plain decoding costs or gains here)
   no_spec-again  (full mode) no speculation once more: how well two measurements of one config agree
 
 Pairing. This machine is shared: its pace drifts by tens of percent within minutes, far more than the few
@@ -245,11 +247,13 @@ class Bench:
             if self.wanted("ema_tiers"):
                 self.run(engines.patched("ema_tiers", "ema_tiers"))
             bar.update(1)
-            for value in self.args.variant_min_evidence:
-                name = f"specctl-min-evidence-{value:g}"
+            variants = [(f"specctl-min-evidence-{v:g}", "SPECCTL_POLICY_MIN_EVIDENCE", v)
+                        for v in self.args.variant_min_evidence]
+            variants += [(f"specctl-category-floor-{v:g}", "SPECCTL_POLICY_CATEGORY_FLOOR", v)
+                         for v in self.args.variant_category_floor]
+            for name, env, value in variants:
                 if self.wanted(name) or self.wanted("variants"):
-                    self.run(engines.patched(name, "specctl_variant",
-                                             controller_env={"SPECCTL_POLICY_MIN_EVIDENCE": str(value)}))
+                    self.run(engines.patched(name, "specctl_variant", controller_env={env: str(value)}))
             if self.wanted("oracle"):
                 for name, pins in self._oracle_candidates().items():
                     self.run(engines.patched(name, "oracle", pins))
@@ -445,6 +449,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--variant-min-evidence", default="200",
                     help="also run specctl with its own controller at these SPECCTL_POLICY_MIN_EVIDENCE values "
                          "(comma-separated drafts; '' = none): how much the cold-start guardrail costs here")
+    ap.add_argument("--variant-category-floor", default="1",
+                    help="also run specctl with its own controller at these SPECCTL_POLICY_CATEGORY_FLOOR values "
+                         "(comma-separated ratios; '' = none): every category at least that share of plain decoding")
     ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
                     help="skip the final no-speculation drift check")
     ap.add_argument("--model-dir", default=None)
@@ -468,6 +475,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.repeat_reference = False
     a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
     a.variant_min_evidence = [float(v) for v in a.variant_min_evidence.split(",") if v.strip()]
+    a.variant_category_floor = [float(v) for v in a.variant_category_floor.split(",") if v.strip()]
     return a
 
 

@@ -117,6 +117,16 @@ class PolicySettings(BaseSettings):
         description="name; cold-start step-cost model (cpu, h200, mi300x, mi355x) until measured timings "
         "replace it",
     )
+    category_floor: float = Field(
+        default=0.0, ge=0, le=1,
+        description="ratio; no category with requests in the batch may be modelled below this share of its own "
+        "plain-decoding goodput (its requests' tokens per second), however much the batch gains. One "
+        "category's drafts lengthen the step of every request beside it: on a GPU the drafter's passes cost "
+        "tens of percent of a small step, so at 1 one unpredictable category (chat) keeps code and JSON from "
+        "drafting at all. 0 (default) = batch goodput decides, never below plain decoding overall; 1 = never "
+        "below plain decoding in any category, for operators who promise every tenant that (the CPU benchmark "
+        "runs both)",
+    )
     explore_window_s: float = Field(
         default=10.0, ge=0, le=3600,
         description="seconds; a category with too few drafts of the engine's own drafter runs that drafter "

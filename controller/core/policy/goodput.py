@@ -49,6 +49,10 @@ Guardrails, applied on top:
     and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput while
     the drafter could pay at the upper confidence bound of its acceptance, and below ``probe_idle_budget``
     (a keep-alive) while even that bound says it cannot;
+  * category floor (``category_floor`` f, default 0 = off): no category with requests in the batch is
+    modelled below f x its plain goodput per request, E_c T_plain / T_c, with T_c the mean step with one
+    average request swapped for c's own (batch 1: its own step); a configuration short of it counts
+    (r / f) ** 40 of its goodput, so "all off" stays a feasible start;
   * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
     batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput);
     no band (k only) where the mixed-k penalty exceeds 1 + ``adapt_tolerance``.
@@ -84,6 +88,9 @@ from controller.protocol import METHOD_OFF
 #: marginal one (what one such request would gain in this batch).
 MIN_SHARE = 1e-3
 _MAX_ITERS = 200
+#: Exponent of the floor penalty: a configuration that leaves a category at r < floor of its plain-decoding
+#: goodput counts (r / floor) ** this of its batch goodput (1 % short costs a third: the search moves off it).
+_FLOOR_PENALTY = 40.0
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,8 @@ class _Problem:
 
     def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
                  extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None,
-                 depth_factor: np.ndarray | None = None, mixed_penalty: float = 1.0) -> None:
+                 depth_factor: np.ndarray | None = None, mixed_penalty: float = 1.0, floor: float = 0.0,
+                 protected: list[bool] | None = None) -> None:
         self.names = names
         self.options = options
         u, o = len(options), max(len(x) for x in options)
@@ -192,6 +200,34 @@ class _Problem:
         self.slot_tok = self.slot * (1.0 + self.d)
         self.slot_free = self.slot * self.free_k
         self.slot_aob = self.slot[:, :, None] * self.at_or_below
+        # per-category floor: each protected category's goodput per request, E_c / T, at least ``floor`` times
+        # plain decoding's 1 / T_plain
+        self.protected = np.array(protected if protected is not None else [False] * u, dtype=bool)
+        self.floor = float(floor) if self.protected.any() else 0.0
+        self.t_plain = float(self.time(self.n, self.n, 0.0, np.ones(len(self.levels))))
+
+    def own_ratios(self, e, d, free, t, tok, free_tot):
+        """Each category's goodput per request over plain decoding's, E_c * T_plain / T_c, where T_c is the
+        step time a request of c sees: the mean step ``t`` (with ``tok`` verified and ``free_tot`` model-free
+        draft tokens) with one average request swapped for c's own (``d`` drafts, ``free`` of them model-free).
+        At batch 1 that is c's own step, at large batches the mix's. Trailing axis: categories."""
+        per_token, free_cost = self.consts[1], self.consts[6]
+        n = max(self.n, 1.0)
+        t = np.asarray(t)[..., None]
+        t_c = t + per_token * ((1.0 + d) - np.asarray(tok)[..., None] / n) + free_cost * (free - np.asarray(free_tot)[..., None] / n)
+        return e * self.t_plain / np.maximum(t_c, 1e-12)
+
+    def _floor_factor(self, r):
+        """Penalty on goodput for the worst protected category's ratio ``r`` to plain decoding (1 when it holds)."""
+        r_min = np.where(self.protected, r, np.inf).min(axis=-1)
+        return np.where(r_min >= self.floor, 1.0, np.clip(r_min / self.floor, 0.0, 1.0) ** _FLOOR_PENALTY)
+
+    def ratios_at(self, cfg: np.ndarray) -> np.ndarray:
+        """Every category's modelled goodput per request over plain decoding's at ``cfg``."""
+        num, tok, free, le = self.totals(cfg)
+        t = float(self.time(tok, num, free, le))
+        r = self.rows
+        return self.own_ratios(self.e[r, cfg], self.d[r, cfg], self.free_k[r, cfg], t, tok, free)
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def time(self, tok, num, free, le):
@@ -235,9 +271,15 @@ class _Problem:
         return self.n * float(self.w.sum()) / d, self.n * st / d, self.n * sf / d, sv / d
 
     def goodput(self, cfg: np.ndarray) -> tuple[float, float]:
+        """Batch goodput of ``cfg`` (discounted where it breaks the category floor) and its step time."""
         num, tok, free, le = self.totals(cfg)
         t = float(self.time(tok, num, free, le))
-        return num / t, t
+        g = num / t
+        if self.floor > 0:
+            r = self.rows
+            g *= float(self._floor_factor(self.own_ratios(self.e[r, cfg], self.d[r, cfg], self.free_k[r, cfg], t, tok,
+                                                          free)))
+        return g, t
 
     def all_options(self, cfg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Goodput and step time for every (category, option), the other categories at ``cfg``."""
@@ -249,8 +291,18 @@ class _Problem:
         sf_o = sf + (self.slot_free - self.slot_free[r, cfg][:, None])
         sv_o = sv[None, None, :] + (self.slot_aob - self.slot_aob[r, cfg][:, None, :])
         num_o = self.n * float(self.w.sum()) / d_o
-        t = self.time(self.n * st_o / d_o, num_o, self.n * sf_o / d_o, sv_o / d_o[:, :, None])
-        g = np.where(self.valid, num_o / t, -np.inf)
+        tok_o, free_o = self.n * st_o / d_o, self.n * sf_o / d_o
+        t = self.time(tok_o, num_o, free_o, sv_o / d_o[:, :, None])
+        g = num_o / t
+        if self.floor > 0:
+            # (U, O, U): every category's (E, drafts, free drafts) when row u takes option o, the rest at cfg
+            u, o = self.e.shape
+            swap = (r[:, None, None] == r[None, None, :])
+            e3 = np.where(swap, self.e[:, :, None], self.e[r, cfg][None, None, :])
+            d3 = np.where(swap, self.d[:, :, None], self.d[r, cfg][None, None, :])
+            f3 = np.where(swap, self.free_k[:, :, None], self.free_k[r, cfg][None, None, :])
+            g = g * self._floor_factor(self.own_ratios(e3, d3, f3, t, tok_o, free_o))
+        g = np.where(self.valid, g, -np.inf)
         return g, t
 
     # -- search -----------------------------------------------------------------------------------------------
@@ -526,8 +578,9 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
         demand.append(shares[-1] * float(options[-1].e[0]))
         movable.append(False)
+    protected = [i < len(inputs) and inputs[i].share > MIN_SHARE for i in range(len(names))]
     pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
-                  snap.mixed_penalty)
+                  snap.mixed_penalty, cfg.category_floor, protected)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
@@ -544,12 +597,16 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         bands = [(int(pb.k[u, cfg_best[u]]),) * 2 for u in pb.rows]
     probes = _probes(pb, cfg_best, inputs, snap, cfg)
     standalone = _best_standalone(inputs, snap, cfg)
+    own = pb.ratios_at(cfg_best)
+    worst = float(np.where(pb.protected, own, np.inf).min())
+    floor_note = (f"; category floor binds: worst category {worst:.2f}x plain (floor {pb.floor:.2f})"
+                  if pb.floor > 0 and worst < pb.floor * 1.01 else "")
     out = []
     tables = _tables(pb, g_all, t_all, snap.k_max, g_plain)
     for u, c in enumerate(inputs):
         j = int(cfg_best[u])
         k, e, method = int(options[u].k[j]), float(options[u].e[j]), options[u].methods[j]
-        speedup = e * t_plain / t
+        speedup = float(own[u])  # its requests' own steps: at batch 1 they never share one with another category
         if movable[u]:
             source = "policy"
             reason = (f"max goodput: E({k})={e:.2f} tokens/step, step {t * 1e3:.2f} ms at batch {pb.n:.1f}, "
@@ -563,6 +620,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
                           f"pooled profile; " + reason)
             if u in notes:
                 reason += f"; {notes[u]}"
+            reason += floor_note
             table = tables[u]
             lo, hi = bands[u]
         else:

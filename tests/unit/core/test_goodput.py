@@ -346,3 +346,34 @@ def test_a_rarely_matching_drafter_loses_to_one_that_matches():
     often = MethodProfile("suffix", (0.8,) * 8, 10_000.0, True, True, 10_000.0, 0.6)
     s = snap([("c", 8.0, (rare, often))], 8, cost=CPU, k_max=8, engine="ngram", methods=("ngram", "suffix"))
     assert goodput.decide(s, CFG).by_name()["c"].method == "suffix"
+
+
+def _cpu_mix(batch):
+    """JSON that matches often and is accepted, prose that rarely matches, on the CPU preset (n-gram engine)."""
+    json_ = MethodProfile("ngram", (0.9,) * 8, 10_000.0, False, True, 10_000.0, 0.6)
+    prose = MethodProfile("ngram", (0.5,) * 8, 10_000.0, False, True, 10_000.0, 0.07)
+    return snap([("json", batch / 2, (json_,)), ("prose", batch / 2, (prose,))], batch, cost=CPU, k_max=8,
+                engine="ngram")
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.9, 1.0])
+@pytest.mark.parametrize("batch", [1, 8, 32])
+def test_category_floor_keeps_every_category_at_or_above_its_share_of_plain(floor, batch):
+    d = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu", category_floor=floor))
+    assert d.goodput >= d.plain_goodput * (1 - 1e-9)
+    if floor > 0:
+        assert min(c.speedup for c in d.categories) >= floor - 1e-6, [c.reason for c in d.categories]
+
+
+@pytest.mark.parametrize("batch, binds", [(1, False), (8, True), (32, True)])
+def test_category_floor_costs_batch_goodput_only_where_categories_share_steps(batch, binds):
+    """At batch 1 no two requests share a step, so the floor changes nothing; at 8 it trims JSON's drafts."""
+    free = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu"))
+    floored = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu", category_floor=1.0))
+    assert min(c.speedup for c in free.categories) < 1.0 or not binds
+    if binds:
+        assert floored.by_name()["json"].k < free.by_name()["json"].k
+        assert floored.goodput < free.goodput
+        assert "category floor binds" in floored.by_name()["json"].reason
+    else:
+        assert [c.k for c in floored.categories] == [c.k for c in free.categories]
