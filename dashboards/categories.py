@@ -150,6 +150,17 @@ def _acceptance(layout: Layout) -> None:
             unit="percentunit",
             max_value=1,
         ),
+        timeseries(
+            "Match rate of model-free drafters",
+            "Share of the request steps asked to draft (or counterfactual tries) on which an n-gram or suffix "
+            "drafter found a match and proposed anything. The acceptance panels describe the drafts that "
+            "happened; the policy prices a drafter at 1 + match rate x (E(k) - 1) tokens per step, so a "
+            "category whose text rarely repeats gets little from a drafter with high acceptance.\n\n"
+            f"Metric: `{m.MATCH_RATE}`",
+            [target(q.agg("max", m.MATCH_RATE, by="category, method"), "{{category}} · {{method}}")],
+            unit="percentunit",
+            max_value=1,
+        ),
     ]
     for panel in panels:
         layout.add(panel, 12, 9)

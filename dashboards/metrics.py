@@ -42,14 +42,16 @@ FIXED = frozenset(value for name, value in dict(globals()).items() if name.isupp
 COUNTERFACTUAL_DRAFT_TOKENS = "specctl_counterfactual_draft_tokens_total"
 COUNTERFACTUAL_ACCEPTED = "specctl_counterfactual_accepted_tokens_total"
 COUNTERFACTUAL_DRAFTS = "specctl_counterfactual_drafts_total"
+# Share of a model-free drafter's asks that drafted (only engines that report their tries; see docs/policy.md).
+MATCH_RATE = "specctl_match_rate"
 # Controller self-health.
 OVERFLOW_STEPS = "specctl_overflow_category_steps_total"
 HTTP_INTERNAL_ERRORS = "specctl_http_internal_errors_total"
 SNAPSHOT_AGE = "specctl_snapshot_age_seconds"
 
 #: Every controller metric the dashboards may query.
-SPECCTL = FIXED | {COUNTERFACTUAL_DRAFT_TOKENS, COUNTERFACTUAL_ACCEPTED, COUNTERFACTUAL_DRAFTS, OVERFLOW_STEPS,
-                   HTTP_INTERNAL_ERRORS, SNAPSHOT_AGE}
+SPECCTL = FIXED | {COUNTERFACTUAL_DRAFT_TOKENS, COUNTERFACTUAL_ACCEPTED, COUNTERFACTUAL_DRAFTS, MATCH_RATE,
+                   OVERFLOW_STEPS, HTTP_INTERNAL_ERRORS, SNAPSHOT_AGE}
 
 #: Exposed as <name>_bucket / _sum / _count.
 HISTOGRAMS = frozenset({ACCEPTED_LENGTH})

@@ -490,6 +490,7 @@ class Brain:
         methods: list[MethodCounters] = []
         cats: list[CategoryMetrics] = []
         ratios: list[tuple[str, str, float]] = []
+        matches: list[tuple[str, str, str, float]] = []
         for model, ms in self._models.items():
             eff = self._effective(model, now)
             for name, st in ms.categories.items():
@@ -497,6 +498,8 @@ class Brain:
                 accepted = 0
                 for m, est in st.methods.items():
                     est.decay_to(now, ls.half_life_s)
+                    if est.attempts > 0 and is_model_free(m):
+                        matches.append((model, name, m, round(est.match_rate(ls.prior_strength), 6)))
                     for cf, cum in ((False, est.cum), (True, est.cf_cum)):
                         if cum.drafts == 0:
                             continue
@@ -521,7 +524,7 @@ class Brain:
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
         return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
-                               self._rejected_unknown)
+                               self._rejected_unknown, tuple(matches))
 
     def _category_metrics(self, model, ms, name, st, lengths, accepted, eff, now) -> CategoryMetrics:
         top = max((i for i, v in enumerate(lengths) if v), default=0)

@@ -160,6 +160,8 @@ class MetricsSnapshot:
     overrides: tuple[tuple[str, str], ...]  # (category, kind) with kind off | k | method
     overflow_steps: tuple[tuple[str, int], ...]  # (model, category-steps pooled into the overflow category)
     rejected_unknown_engine: int  # rejected batches whose engine id could not be read
+    #: (model, category, method, match rate) of model-free drafters with asks: the share that drafted
+    match_rates: tuple[tuple[str, str, str, float], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

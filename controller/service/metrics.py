@@ -56,7 +56,11 @@ def _method_families(snapshot: Any) -> list[Metric]:
         if not row.counterfactual:
             for position, count in enumerate(row.accepted_per_pos):
                 per_pos.add_metric(labels + [str(position)], count)
-    return [*real.values(), per_pos, *scored.values()]
+    match = _gauge("specctl_match_rate", "Share of a model-free drafter's asks that drafted (it proposes only on a "
+                   "match); the policy scales E(k) - 1 and the drafted tokens by it", CAT_METHOD)
+    for model, category, method, rate in snapshot.match_rates:
+        match.add_metric([model, category, method], rate)
+    return [*real.values(), per_pos, *scored.values(), match]
 
 
 def _accepted_length(snapshot: Any) -> HistogramMetricFamily:

@@ -348,3 +348,17 @@ def hist_of(betas, k, n):
     from tests.unit.core.factories import hist
 
     return hist(betas, k, n)
+
+
+def test_match_rates_are_exported_for_model_free_drafters_only():
+    b = brain("cpu")
+    for s in range(20):
+        cs = CategoryStep(category="prose", method="ngram", requests=10, hists=[hist_of([0.9] * 8, 8, 2)],
+                          counterfactual={"suffix": [hist_of([0.9] * 8, 8, 5)]},
+                          counterfactual_attempts={"suffix": 20})
+        b.ingest(batch([step([cs], wall_s=0.08)], s, spec=NGRAM_SPEC), 1000.0 + s * 0.1)
+    b.ingest(batch([step([cat_step("code", 4, CODE)])], 0, engine="e2"), 1002.0)  # eagle3: drafts every step
+    rates = {(c, m): r for _, c, m, r in b.metrics(1003.0).match_rates}
+    assert set(rates) == {("prose", "ngram"), ("prose", "suffix")}
+    assert rates[("prose", "ngram")] == pytest.approx(0.2, abs=0.02)
+    assert rates[("prose", "suffix")] == pytest.approx(0.25, abs=0.02)
