@@ -228,3 +228,40 @@ def test_ema_driver_climbs_at_batch_1_when_everything_is_accepted() -> None:
         d.observe(_batch(1, [7], 7))
     assert d.applied == 7
     assert np.isclose(sum(d.steps_at_k.values()), 16)
+
+
+def _phase(tokens, wall, cats):
+    """A measured phase: ``cats`` maps category -> (tokens, summed latency)."""
+    return {"goodput": tokens / wall, "tokens": tokens, "wall_s": wall,
+            "per_category": {c: t / lat for c, (t, lat) in cats.items()},
+            "tokens_per_category": {c: t for c, (t, _) in cats.items()}}
+
+
+def _doc(scale):
+    def run(tok, wall):
+        return {"phases": {"8": _phase(tok, wall, {"a": (tok / 2, wall), "b": (tok / 2, 2 * wall)})},
+                "paired_specctl": {"8": _phase(100 * scale, 10.0, {"a": (50 * scale, 10.0), "b": (50 * scale, 20.0)})}}
+    return {"runs": {"specctl": {"phases": {"8": _phase(300 * scale, 30.0, {"a": (150 * scale, 30.0),
+                                                                           "b": (150 * scale, 60.0)})}},
+                     "no_spec": run(80.0, 10.0), "k=2": run(90.0 * scale, 10.0), "oracle-model": run(95.0, 10.0)}}
+
+
+def test_pooling_a_run_with_itself_changes_no_ratio_and_keeps_oracles_apart():
+    from bench.cpu import pool
+
+    one = report.ratios(_doc(1.0)["runs"], "8")
+    runs = pool.pool_runs([_doc(1.0), _doc(1.0)])
+    assert set(runs) == {"specctl", "no_spec", "k=2", "oracle-model@1", "oracle-model@2"}
+    twice = report.ratios(runs, "8")
+    assert twice["specctl_vs"]["k=2"] == pytest.approx(one["specctl_vs"]["k=2"])
+    assert twice["per_category"]["a"]["vs_no_spec"] == pytest.approx(one["per_category"]["a"]["vs_no_spec"])
+    assert runs["k=2"]["phases"]["8"]["tokens"] == 180.0
+
+
+def test_pooling_sums_tokens_and_time_before_dividing():
+    from bench.cpu import pool
+
+    runs = pool.pool_runs([_doc(1.0), _doc(2.0)])
+    # k=2: 90 + 180 tokens over 10 + 10 s; its paired specctl chunks: 100 + 200 tokens over 20 s
+    assert runs["k=2"]["phases"]["8"]["goodput"] == pytest.approx(13.5)
+    assert report.ratios(runs, "8")["specctl_vs"]["k=2"] == pytest.approx(15.0 / 13.5)
