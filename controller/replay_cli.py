@@ -52,6 +52,16 @@ def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngra
     return out, used
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specctl replay", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -66,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k-max", type=int, help="what-if k_max (default: the larger of the engine's and --ks)")
     p.add_argument("--batch-size", type=float, help="what-if batch size (default: the recorded mean)")
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="cost preset the fit is pulled toward")
+    p.add_argument("--category-floor", type=_ratio, default=None,
+                   help="the goodput policy's category floor, 0..1 (default: the preset's, 1 on cpu, 0 on GPUs)")
     p.add_argument("--model", help="model to replay when the recording holds several")
     p.add_argument("--engine-ngram", choices=("auto", "vllm", "patch"), default="auto",
                    help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         policies = [x.strip() for x in args.policies.split(",") if x.strip()]
         report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
                         batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
-                        timeline=args.timeline)
+                        timeline=args.timeline, category_floor=args.category_floor)
     except OSError as exc:
         print(f"specctl replay: {exc}", file=sys.stderr)
         return 2

@@ -88,12 +88,13 @@ def select_model(batches: Sequence[TelemetryBatch], model: str | None) -> list[T
 
 # --- policies -------------------------------------------------------------------------------------------------
 def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, preset: str,
-                      timeline: bool = False) -> tuple[dict[str, tuple[int, str, str]], list[dict], int]:
+                      timeline: bool = False, category_floor: float | None = None
+                      ) -> tuple[dict[str, tuple[int, str, str]], list[dict], int]:
     """The goodput policy's per-category (k, drafter, source) after the recording (and along it).
 
     Returns (final choice, timeline of changes, rejected batches).
     """
-    config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset))
+    config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor))
     brain = Brain(config)
     model, engine_id = batches[-1].model_name, batches[-1].engine_id
     now = t0 = batches[0].sent_at
@@ -157,7 +158,8 @@ def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batc
 def replay(batches: Sequence[TelemetryBatch], traces: Sequence[whatif.RequestTrace] = (),
            proposers: Mapping[str, whatif.Proposer] | None = None, *, policies: Sequence[str] = DEFAULT_POLICIES,
            ks: Sequence[int] = DEFAULT_KS, k_max: int | None = None, batch_size: float | None = None,
-           preset: str = "cpu", ema_initial_steps: int = 3, timeline: bool = False) -> dict:
+           preset: str = "cpu", ema_initial_steps: int = 3, timeline: bool = False,
+           category_floor: float | None = None) -> dict:
     """The what-if report (plain JSON-able dict). ``proposers`` score token traces per drafter name."""
     if not batches:
         raise ReplayError("no telemetry batches")
@@ -193,7 +195,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[whatif.RequestTra
                 if k <= k_top:
                     row(f"k={k}", whatif.uniform(work, profiles, spec.method, k))
         elif name == "goodput":
-            decisions, changes, rejected = goodput_decisions(batches, spec, preset, timeline)
+            decisions, changes, rejected = goodput_decisions(batches, spec, preset, timeline, category_floor)
             choice, miss = _choice_from(decisions, work, profiles)
             notes += miss
             if rejected:

@@ -36,3 +36,16 @@ def test_main_fails_cleanly(tmp_path: Path, setup, expected, capsys) -> None:
         path.write_text("{\"protocol\": 1}\n")
     assert replay_cli.main([str(path)]) == expected
     assert "specctl replay:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0", True), ("1", True), ("0.5", True), ("1.5", False), ("x", False)])
+def test_category_floor_option_is_a_ratio(tmp_path: Path, value: str, ok: bool, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(b.model_dump_json() for b in _batches(3)))
+    if ok:
+        assert replay_cli.main([str(path), "--policies", "goodput", "--category-floor", value]) == 0
+    else:
+        with pytest.raises(SystemExit) as exc:
+            replay_cli.main([str(path), "--category-floor", value])
+        assert exc.value.code == 2
+        assert "--category-floor" in capsys.readouterr().err

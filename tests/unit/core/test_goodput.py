@@ -368,7 +368,7 @@ def test_category_floor_keeps_every_category_at_or_above_its_share_of_plain(floo
 @pytest.mark.parametrize("batch, binds", [(1, False), (8, True), (32, True)])
 def test_category_floor_costs_batch_goodput_only_where_categories_share_steps(batch, binds):
     """At batch 1 no two requests share a step, so the floor changes nothing; at 8 it trims JSON's drafts."""
-    free = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu"))
+    free = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu", category_floor=0.0))
     floored = goodput.decide(_cpu_mix(batch), PolicySettings(cost_preset="cpu", category_floor=1.0))
     assert min(c.speedup for c in free.categories) < 1.0 or not binds
     if binds:
@@ -377,3 +377,9 @@ def test_category_floor_costs_batch_goodput_only_where_categories_share_steps(ba
         assert "category floor binds" in floored.by_name()["json"].reason
     else:
         assert [c.k for c in floored.categories] == [c.k for c in free.categories]
+
+
+@pytest.mark.parametrize(("preset", "floor"), [("cpu", 1.0), ("h200", 0.0), ("mi300x", 0.0), ("mi355x", 0.0)])
+def test_category_floor_defaults_by_preset_and_a_setting_wins(preset, floor):
+    assert PolicySettings(cost_preset=preset).floor == floor
+    assert PolicySettings(cost_preset=preset, category_floor=0.5).floor == 0.5
