@@ -485,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     if args.post_only:
         bench.restore()
+        bench.aggregate_specctl()  # a checkpoint of a run stopped midway has specctl's chunks but not their sum
     else:
         bench.main_plan()
     cs = [str(c) for c in bench.concurrencies]

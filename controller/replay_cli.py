@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=float, help="what-if batch size (default: the recorded mean)")
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="cost preset the fit is pulled toward")
     p.add_argument("--category-floor", type=_ratio, default=None,
-                   help="the goodput policy's category floor, 0..1 (default: the preset's, 1 on cpu, 0 on GPUs)")
+                   help="the goodput policy's category floor, 0..1 (default 0: the batch objective alone)")
     p.add_argument("--model", help="model to replay when the recording holds several")
     p.add_argument("--engine-ngram", choices=("auto", "vllm", "patch"), default="auto",
                    help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")

@@ -94,7 +94,7 @@ def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, prese
 
     Returns (final choice, timeline of changes, rejected batches).
     """
-    config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor))
+    config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor or 0.0))
     brain = Brain(config)
     model, engine_id = batches[-1].model_name, batches[-1].engine_id
     now = t0 = batches[0].sent_at

@@ -49,8 +49,8 @@ Guardrails, applied on top:
     and need none), throttled so the modelled cost stays below ``probe_budget`` of the batch goodput while
     the drafter could pay at the upper confidence bound of its acceptance, and below ``probe_idle_budget``
     (a keep-alive) while even that bound says it cannot;
-  * category floor (``category_floor`` f; unset: 1 on the cpu preset, 0 on GPU presets): no category with
-    requests in the batch is modelled below f x its plain goodput per request, E_c T_plain / T_c, with T_c the mean step with one
+  * category floor (``category_floor`` f, default 0 = off): no category with requests in the batch is
+    modelled below f x its plain goodput per request, E_c T_plain / T_c, with T_c the mean step with one
     average request swapped for c's own (batch 1: its own step); a configuration short of it counts
     (r / f) ** 40 of its goodput, so "all off" stays a feasible start;
   * per-request adaptation band: the engine may move a request's k within the contiguous band of k whose
@@ -580,7 +580,7 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         movable.append(False)
     protected = [i < len(inputs) and inputs[i].share > MIN_SHARE for i in range(len(names))]
     pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
-                  snap.mixed_penalty, cfg.floor, protected)
+                  snap.mixed_penalty, cfg.category_floor, protected)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None

@@ -377,9 +377,3 @@ def test_category_floor_costs_batch_goodput_only_where_categories_share_steps(ba
         assert "category floor binds" in floored.by_name()["json"].reason
     else:
         assert [c.k for c in floored.categories] == [c.k for c in free.categories]
-
-
-@pytest.mark.parametrize(("preset", "floor"), [("cpu", 1.0), ("h200", 0.0), ("mi300x", 0.0), ("mi355x", 0.0)])
-def test_category_floor_defaults_by_preset_and_a_setting_wins(preset, floor):
-    assert PolicySettings(cost_preset=preset).floor == floor
-    assert PolicySettings(cost_preset=preset, category_floor=0.5).floor == 0.5
