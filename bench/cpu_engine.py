@@ -5,8 +5,10 @@ preloaded as vLLM's CPU guide asks), n-gram drafting, the mixed workload of :mod
 JSON with and without response_format, code, code edits, tool calls, summaries, multi-turn) through the OpenAI
 chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each on its own fresh engine:
 
-  specctl        patched engine + a fresh ``specctl serve`` (default settings): the product. It runs for the
-                 whole benchmark and every other configuration is measured *paired* with it (below)
+  specctl        patched engine + a fresh ``specctl serve`` (default settings): the product. Its controller
+                 runs for the whole benchmark and every other configuration is measured *paired* with it
+                 (below); ``--fresh-specctl-engine`` restarts its engine beside each configuration's, so
+                 the two engines of a pairing are the same age (the controller keeps running)
   no_spec        plain vLLM, no speculation (the reference for greedy equality)
   k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config, one engine per N)
   batch_table    plain vLLM, ``num_speculative_tokens_per_batch_size`` = best static k at batch 1 for
@@ -27,8 +29,10 @@ percent the comparison is about. So each configuration's measured prompts run in
 two engines never run at once. specctl / X is then measured in the same minutes, and X's goodput rescaled
 by specctl's pace in those minutes (``normalised``) ranks the baselines (best static k, the oracle).
 
-Every configuration gets a warm-up pass of distinct prompts (unmeasured) per concurrency; specctl's
-controller starts knowing nothing and learns from its warm-up and all its chunks, as in a deployment.
+Every configuration gets a warm-up pass of distinct prompts (unmeasured) per concurrency (and specctl's fresh
+engine, with ``--fresh-specctl-engine``, the same pass beside it); specctl's controller starts knowing nothing and learns from its warm-ups and
+all its chunks, across its engine's restarts, as in a deployment. Each side's controller CPU time while it
+served is recorded (``controller_cpu_s``): on 2 cores the controller competes with the engine.
 Goodput = committed tokens / wall time (per category: tokens / summed latency, see bench/cpu/measure.py).
 Every run's token ids are compared with the no-spec run's at the same concurrency.
 Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_traces.json (simulator trace),
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import platform
 import sys
@@ -57,8 +62,8 @@ if str(ROOT) not in sys.path:
 
 from tqdm import tqdm
 
-from bench.cpu import engines, measure, oracle, report, traces
-from bench.cpu.driver import Phase, run_phase
+from bench.cpu import engines, measure, oracle, report, stats, traces
+from bench.cpu.driver import Phase, run_phase, touch
 from bench.cpu.workload import bench_workload, key
 from controller import replay_cli
 from controller.core import replay as replay_core
@@ -102,8 +107,11 @@ class Bench:
         self.records[cfg.name] = {}
         try:
             workdir = self.tmp / "runs" / _slug(cfg.name)
-            with engines.start(cfg, self.model_dir, workdir, self.args.omp_bind, self.args.ld_preload) as st:
+            with engines.start(cfg, self.model_dir, workdir, self.args.omp_bind, self.args.ld_preload,
+                               self.args.server_cpus) as st:
                 entry["startup_s"] = round(time.monotonic() - started, 1)
+                if self.args.fresh_specctl_engine:
+                    self.ref.restart_engine()  # both engines of the pairing start now: neither is older
                 driver = None
                 if cfg.role == "ema_tiers":
                     from bench.cpu.ema_driver import EmaOverrideDriver
@@ -132,24 +140,35 @@ class Bench:
             engines.set_pins(st.controller.url, cfg.pins[c], f"hindsight oracle, concurrency {c}")
             self._wait_policy(st)
         self._record(st, f"{_slug(name)}_warm_c{c}")
-        run_phase(st.engine.url, self.warm if c > 1 else self.warm[:WARMUP_C1], c, desc=f"{name} c={c} warm-up")
+        warm = self.warm if c > 1 else self.warm[:WARMUP_C1]
+        run_phase(st.engine.url, warm, c, desc=f"{name} c={c} warm-up")
+        self._record(st, None)
+        if self.args.fresh_specctl_engine:  # the same warm-up for specctl's fresh engine
+            self._record(self.ref, f"specctl_warm_c{c}")
+            run_phase(self.ref.engine.url, warm, c, desc=f"specctl c={c} warm-up")
+            self._record(self.ref, None)
         prompts = self.by_c[c]
         size = chunk_size(c)
         sides: dict[str, list[Phase]] = {name: [], "specctl": []}
         loads, cpu = [], {name: 0.0, "specctl": 0.0}
+        ctl_cpu = {name: 0.0, "specctl": 0.0}
         for j, i in enumerate(range(0, len(prompts), size)):
             chunk = prompts[i : i + size]
             order = [(name, st), ("specctl", self.ref)]
             for side, stack in order if j % 2 == 0 else order[::-1]:  # ABBA: a steady drift cancels
                 self._record(stack, f"{_slug(side)}_c{c}")
                 loads.append(measure.load_avg())
-                cpu0 = stack.cpu_seconds()
+                if self.args.touch:
+                    touch(stack.engine.url)
+                cpu0, ctl0 = stack.cpu_seconds(), stack.controller_cpu_seconds()
                 sides[side].append(run_phase(stack.engine.url, chunk, c, desc=f"{side} c={c} [{j + 1}]"))
                 cpu[side] += stack.cpu_seconds() - cpu0
+                ctl_cpu[side] += stack.controller_cpu_seconds() - ctl0
                 self._record(stack, None)
         for side, phases in sides.items():
             merged = merge(phases, c)
             summary = measure.summarise(merged, cpu[side], (min(loads), max(loads))).to_dict()
+            summary["controller_cpu_s"] = round(ctl_cpu[side], 2)  # its own controller, while it served
             if side == name:
                 entry["phases"][str(c)] = summary
                 self.records[name][c] = merged
@@ -228,7 +247,7 @@ class Bench:
         spec_cfg = engines.patched("specctl", "specctl")
         started = time.monotonic()
         with engines.start(spec_cfg, self.model_dir, self.tmp / "runs" / "specctl", self.args.omp_bind,
-                           self.args.ld_preload) as ref:
+                           self.args.ld_preload, self.args.server_cpus) as ref:
             self.ref = ref
             self.runs["specctl"] = {"config": {"patched": True, "speculative": spec_cfg.speculative, "role": "specctl"},
                                     "phases": {}, "decisions": {}, "startup_s": round(time.monotonic() - started, 1)}
@@ -275,6 +294,16 @@ class Bench:
             phases = [ph[c] for n, ph in self.records.items() if n.startswith("specctl@") and c in ph]
             if phases:
                 self.runs["specctl"]["phases"][str(c)] = measure.summarise(merge(phases, c)).to_dict()
+
+    def add_chunks(self) -> None:
+        """Per-chunk ``[tokens, wall_s]`` beside every phase (bench/cpu/stats.py: intervals, split selection)."""
+        for name, per_c in self.records.items():
+            side, run = (("paired_specctl", name.split("@", 1)[1]) if name.startswith("specctl@")
+                         else ("phases", name))
+            for c, phase in per_c.items():
+                target = self.runs.get(run, {}).get(side, {}).get(str(c))
+                if target is not None:
+                    target["chunks"] = stats.chunk_figures(phase.records, chunk_size(c))
 
     def normalized(self, name: str, c: int) -> dict | None:
         return report.normalized(self.runs, name, str(c))
@@ -452,9 +481,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--variant-category-floor", default="1",
                     help="also run specctl with its own controller at these SPECCTL_POLICY_CATEGORY_FLOOR values "
                          "(comma-separated ratios; '' = none): every category at least that share of plain decoding")
+    ap.add_argument("--no-touch", dest="touch", action="store_false",
+                    help="no short unmeasured request to an engine right before each of its measured chunks")
+    ap.add_argument("--fresh-specctl-engine", action="store_true",
+                    help="restart specctl's engine beside each configuration's (same age on both sides of a "
+                         "pairing); the controller and its learned state keep running")
     ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
                     help="skip the final no-speculation drift check")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--server-cpus", default=None,
+                    help="CPUs for every engine's API server and EngineCore (default: all but --omp-bind's; "
+                         "'none' leaves them to the kernel)")
     ap.add_argument("--omp-bind", default=engines.default_omp_bind(),
                     help="VLLM_CPU_OMP_THREADS_BIND of every engine (default: the last CPU, %(default)s; 'auto' = vLLM's)")
     ap.add_argument("--ld-preload", default=engines.default_ld_preload(),
@@ -473,6 +510,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.warmup_per_category = a.warmup_per_category or defaults[2]
     if a.quick:
         a.repeat_reference = False
+    a.server_cpus = (None if a.server_cpus == "none"
+                     else a.server_cpus or engines.default_server_cpus(a.omp_bind))
     a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
     a.variant_min_evidence = [float(v) for v in a.variant_min_evidence.split(",") if v.strip()]
     a.variant_category_floor = [float(v) for v in a.variant_category_floor.split(",") if v.strip()]
@@ -482,12 +521,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
+    if args.server_cpus:  # the client and the telemetry proxy too: the worker's core runs the model only
+        os.sched_setaffinity(0, {int(c) for c in args.server_cpus.split(",")})
     bench = Bench(args)
     if args.post_only:
         bench.restore()
         bench.aggregate_specctl()  # a checkpoint of a run stopped midway has specctl's chunks but not their sum
     else:
         bench.main_plan()
+    bench.add_chunks()
     cs = [str(c) for c in bench.concurrencies]
     rat = {c: report.ratios(bench.runs, c) for c in cs}
     out = {
@@ -496,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                      "warmup_per_category": args.warmup_per_category,
                      "prompts": len(bench.prompts), "categories": list(CATEGORIES), "concurrency": bench.concurrencies,
                      "fixed_ks": args.ks, "quick": args.quick, "k_max_patched": engines.K_MAX, "omp_bind": args.omp_bind,
+                     "server_cpus": args.server_cpus, "touch": args.touch,
                      "ld_preload": args.ld_preload,
                      "engine": "float32, enforce-eager, prefix caching off, KV cache 1 GiB, seed 0, n-gram lookup 2..4",
                      "python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus()},

@@ -105,3 +105,18 @@ def run_phase(base_url: str, prompts: list[Prompt], concurrency: int, *, model: 
         ended = time.monotonic()
     bar.close()
     return Phase(concurrency, records, started, ended)
+
+
+#: One short greedy request (8 tokens): what :func:`touch` sends.
+TOUCH = Prompt("touch", "prose", [{"role": "user", "content": "Name three colours."}], max_tokens=8)
+
+
+def touch(base_url: str, *, model: str = "smollm2") -> Record:
+    """One short, unmeasured request right before an engine's measured chunk.
+
+    Why: on the benchmark machine an engine that sat idle for a minute (while the other side served, or while
+    another configuration's engine started) ran its next chunk up to 15 % slower than a busy one -- the
+    kernel pages out memory it has not touched lately (bench/cpu/identical.py measures it). The touch faults
+    the model's pages back in before the clock starts, for both sides of a pairing alike.
+    """
+    return run_phase(base_url, [TOUCH], 1, model=model).records[0]

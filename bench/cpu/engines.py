@@ -16,6 +16,7 @@ accepted counts in each response).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -80,21 +81,41 @@ class Stack:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the engine's process tree (API server, EngineCore, worker)."""
-        if self.engine.proc is None:
-            return 0.0
+        return _tree_cpu_seconds(self.engine.proc)
+
+    def controller_cpu_seconds(self) -> float:
+        """User + system CPU seconds of the controller process (0 without one)."""
+        return _tree_cpu_seconds(self.controller.proc if self.controller is not None else None)
+
+    def restart_engine(self) -> None:
+        """A fresh engine process on the same port, attached to the same controller (its learned state kept).
+
+        Why: in run 2 of the CPU benchmark the always-on engine's decode steps took 3-4 % longer than a fresh
+        patched engine's at the same batch and token counts, in the same minutes; restarting it takes engine
+        age out of a pairing. The controller is what is under test, and it keeps running.
+        """
+        self.engine.stop()
+        self.engine.start()
+        if self.controller is not None:
+            wait_attached(self.controller.url, self.engine.engine_id, timeout_s=60.0)
+
+
+def _tree_cpu_seconds(proc) -> float:
+    if proc is None:
+        return 0.0
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
         try:
-            root = psutil.Process(self.engine.proc.pid)
-            procs = [root, *root.children(recursive=True)]
+            t = p.cpu_times()
+            total += t.user + t.system
         except psutil.Error:
-            return 0.0
-        total = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                continue
-        return total
+            continue
+    return total
 
 
 def engine_env(omp_bind: str | None, ld_preload: str | None = None) -> dict[str, str]:
@@ -120,9 +141,22 @@ def default_omp_bind() -> str:
     return str((os.cpu_count() or 1) - 1)
 
 
+def pin(pid: int, cpus: str) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (taskset)."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+
+
+def default_server_cpus(omp_bind: str | None) -> str | None:
+    """Every CPU but the worker's: where the API server and EngineCore of every benchmark engine run."""
+    if not omp_bind or not omp_bind.isdigit():
+        return None
+    others = sorted(set(os.sched_getaffinity(0)) - {int(omp_bind)})
+    return ",".join(map(str, others)) or None
+
+
 @contextmanager
 def start(cfg: RunConfig, model_dir: Path, workdir: Path, omp_bind: str | None = None,
-          ld_preload: str | None = None) -> Iterator[Stack]:
+          ld_preload: str | None = None, server_cpus: str | None = None) -> Iterator[Stack]:
     """Start what ``cfg`` needs (controller, proxy, engine), stop it all on exit."""
     from bench.cpu.record import RecordingProxy
 
@@ -132,7 +166,7 @@ def start(cfg: RunConfig, model_dir: Path, workdir: Path, omp_bind: str | None =
     with ExitStack() as stack:
         if not cfg.patched:
             eng = VllmServer(model_dir, workdir, speculative=cfg.speculative, patched=False, extra_args=extra,
-                             extra_env=engine_env(omp_bind, ld_preload), log_name="vllm.log")
+                             extra_env=engine_env(omp_bind, ld_preload), log_name="vllm.log", cpus=server_cpus)
             stack.callback(eng.stop)
             eng.start()
             yield Stack(eng)
@@ -143,12 +177,14 @@ def start(cfg: RunConfig, model_dir: Path, workdir: Path, omp_bind: str | None =
         ctl = SpecctlServe(workdir / "controller", db=db, env={"SPECCTL_ACCESS_LOG": "false", **cfg.controller_env})
         stack.callback(ctl.stop)
         ctl.start()
+        if server_cpus:  # off the worker's core, like the engine's own server processes
+            pin(ctl.pid, server_cpus)
         proxy = RecordingProxy(ctl.url).start()
         stack.callback(proxy.stop)
         engine_id = f"bench-{cfg.name.replace('=', '').replace(' ', '-')}"
         eng = VllmServer(model_dir, workdir, speculative=cfg.speculative, patched=True, controller_url=proxy.url,
                          ingest_token=INGEST_TOKEN, engine_id=engine_id, report_interval_s=0.1, extra_args=extra,
-                         extra_env=engine_env(omp_bind, ld_preload), log_name="vllm.log")
+                         extra_env=engine_env(omp_bind, ld_preload), log_name="vllm.log", cpus=server_cpus)
         stack.callback(eng.stop)
         eng.start()
         wait_attached(ctl.url, engine_id, timeout_s=60.0)

@@ -79,6 +79,7 @@ def ratios(runs: dict, c: str) -> dict:
             "best_static_for_category": best_cat[1],
             "vs_best_static_for_category": paired(runs, best_cat[1], c)["per_category"].get(cat),
         }
+    out["worst_category_vs_no_spec"] = worst_categories(runs, c)
     pairings = {n: _phase(runs, n, c, "paired_specctl")["goodput"] for n in names}
     vals = list(pairings.values())
     if len(vals) > 1:
@@ -88,6 +89,30 @@ def ratios(runs: dict, c: str) -> dict:
     again = normalized(runs, "no_spec-again", c)
     if again and base:
         out["repeatability_no_spec_again_over_no_spec"] = again["goodput"] / base["goodput"]
+    return out
+
+
+def worst_categories(runs: dict, c: str) -> dict[str, dict]:
+    """Per configuration (normalised): its slowest category against no speculation, and how many are below it.
+
+    Shows whether "every category at least as fast as without speculation" is reachable at all at ``c``: in a
+    shared batch every request waits for the drafts of the step, so a category that gains nothing from its
+    own drafts is slowed by the others'.
+    """
+    base = normalized(runs, "no_spec", c)
+    if not base:
+        return {}
+    out = {}
+    for n in runs:
+        norm = normalized(runs, n, c) if n != "no_spec" else None
+        if not norm:
+            continue
+        per = {cat: v / base["per_category"][cat] for cat, v in norm["per_category"].items()
+               if base["per_category"].get(cat)}
+        if per:
+            worst = min(per, key=per.get)
+            out[n] = {"category": worst, "ratio": per[worst], "below": sum(v < 1.0 for v in per.values()),
+                      "overall": norm["goodput"] / base["goodput"]}
     return out
 
 

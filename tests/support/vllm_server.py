@@ -50,6 +50,7 @@ class VllmServer:
     ingest_token: str | None = None
     engine_id: str = "e2e-engine"
     report_interval_s: float = 0.1
+    cpus: str | None = None  # e.g. "0": once up, pin every process of the server but the CPU worker here
     max_model_len: int = 2048
     kv_cache_gib: int = 1
     extra_args: list[str] = field(default_factory=list)
@@ -108,7 +109,28 @@ class VllmServer:
         except BaseException:
             self.stop()
             raise
+        if self.cpus:
+            self.pin_servers(self.cpus)
         return self
+
+    def pin_servers(self, cpus: str) -> list[int]:
+        """Move the API server and EngineCore processes (all their threads) to ``cpus``; the CPU worker keeps
+        the cores VLLM_CPU_OMP_THREADS_BIND gave it. Left to the kernel, the EngineCore's busy loop sometimes
+        shares the worker's core, and which engine that hits differs per start. Pinned after start-up: a
+        worker started under a narrower mask inherits it and cannot bind elsewhere."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        pinned = []
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                if "Worker" in p.name() or "Worker" in " ".join(p.cmdline()[:1]):
+                    continue
+                subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(p.pid)], check=True, capture_output=True)
+                pinned.append(p.pid)
+            except (psutil.Error, subprocess.CalledProcessError, FileNotFoundError):
+                continue
+        return pinned
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

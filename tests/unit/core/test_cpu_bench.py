@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -265,3 +266,100 @@ def test_pooling_sums_tokens_and_time_before_dividing():
     # k=2: 90 + 180 tokens over 10 + 10 s; its paired specctl chunks: 100 + 200 tokens over 20 s
     assert runs["k=2"]["phases"]["8"]["goodput"] == pytest.approx(13.5)
     assert report.ratios(runs, "8")["specctl_vs"]["k=2"] == pytest.approx(15.0 / 13.5)
+
+
+# --- chunk-pair statistics (bench/cpu/stats.py) ---------------------------------------------------------------
+def _rec(i: int, start: float, end: float, tokens: int, ok: bool = True) -> Record:
+    return Record(f"p-{i}", "prose", 200 if ok else 500, start, end, [], list(range(tokens)))
+
+
+def test_chunk_figures_take_tokens_and_wall_from_each_chunk_s_records() -> None:
+    from bench.cpu import stats
+
+    recs = [_rec(0, 10.0, 12.0, 5), _rec(1, 10.5, 13.0, 7), _rec(2, 20.0, 21.0, 4), _rec(3, 20.0, 24.0, 3, ok=False)]
+    assert stats.chunk_figures(recs, 2) == [[12, 3.0], [4, 4.0]]
+
+
+@pytest.mark.parametrize(("x", "s", "expected"), [
+    ([(100, 10.0)], [(100, 5.0)], 2.0),                       # same tokens in half the time
+    ([(100, 10.0), (100, 30.0)], [(100, 10.0), (100, 10.0)], 2.0),  # sums first, then the ratio
+    ([(100, 10.0)], [(100, 10.0)], 1.0),
+])
+def test_paired_ratio_is_a_ratio_of_summed_goodputs(x, s, expected) -> None:
+    from bench.cpu import stats
+
+    assert stats.paired_ratio(list(zip(x, s))) == pytest.approx(expected)
+
+
+def test_bootstrap_interval_holds_the_ratio_and_collapses_when_every_pair_agrees() -> None:
+    from bench.cpu import stats
+
+    same = [((100, 10.0), (100, 8.0))] * 6
+    lo, hi = stats.bootstrap(same)
+    assert lo == pytest.approx(1.25) and hi == pytest.approx(1.25)
+    noisy = [((100, 10.0), (100, w)) for w in (7.0, 8.0, 9.0, 10.0, 11.0, 8.5)]
+    lo, hi = stats.bootstrap(noisy)
+    assert lo < stats.paired_ratio(noisy) < hi
+    assert all(math.isnan(v) for v in stats.bootstrap(noisy[:1]))  # one pair has no interval
+
+
+def test_split_best_does_not_let_a_lucky_chunk_pick_and_grade_its_own_winner() -> None:
+    from bench.cpu import stats
+
+    # "lucky" beats specctl on its even chunks only (one fast chunk); "steady" is the truly better one.
+    lucky = [((100, 5.0), (100, 10.0)), ((100, 12.0), (100, 10.0))]
+    steady = [((100, 9.0), (100, 10.0)), ((100, 9.0), (100, 10.0))]
+    naive_best = min({"lucky": lucky, "steady": steady}.items(), key=lambda kv: stats.paired_ratio(kv[1]))[0]
+    assert naive_best == "lucky"  # the plain maximum picks the lucky run ...
+    out = stats.split_best({"lucky": lucky, "steady": steady})
+    picks = {h["chosen_on"]: h["best"] for h in out["halves"]}
+    assert picks == {"even": "lucky", "odd": "steady"}
+    # ... and grades specctl against it on the very chunk that made it look best; the split estimate grades
+    # each pick on the other half: lucky's odd chunk (10/12 -> 1.2) and steady's even chunk (0.9).
+    assert out["ratio"] == pytest.approx(stats.paired_ratio([lucky[1], steady[0]]))
+    assert out["pairs"] == 2
+
+
+def test_pairs_pool_runs_per_configuration_and_keep_oracles_apart() -> None:
+    from bench.cpu import stats
+
+    def doc(w):
+        phase = {"chunks": [[100, w]]}
+        paired = {"chunks": [[100, 10.0]]}
+        return {"runs": {"specctl": {"phases": {"8": {}}},
+                         "k=2": {"phases": {"8": phase}, "paired_specctl": {"8": paired}},
+                         "oracle-model": {"phases": {"8": phase}, "paired_specctl": {"8": paired}},
+                         "no_chunks": {"phases": {"8": {"goodput": 1.0}}, "paired_specctl": {"8": {}}}}}
+
+    pairs = stats.pairs_of([doc(10.0), doc(20.0)], "8")
+    assert sorted(pairs) == ["k=2", "oracle-model@1", "oracle-model@2"]
+    assert len(pairs["k=2"]) == 2
+    res = stats.analyse([doc(10.0), doc(20.0)], "8", draws=200)
+    assert res["configurations"]["oracle-model@2"]["ratio"] == pytest.approx(2.0)
+    assert res["split_best_static"]["halves"][0]["best"] == "k=2"
+
+
+def test_stats_cli_refuses_results_without_chunks(tmp_path, capsys) -> None:
+    from bench.cpu import stats
+
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"runs": {"k=2": {"phases": {"8": {"goodput": 1.0}}}}}))
+    assert stats.main([str(p)]) == 2
+    assert "no chunk figures" in capsys.readouterr().err
+    assert stats.main([str(tmp_path / "missing.json")]) == 2
+    with pytest.raises(SystemExit) as exc:
+        stats.main([str(p), "--level", "1.5"])
+    assert exc.value.code == 2
+
+
+def test_worst_category_counts_the_categories_a_configuration_slows() -> None:
+    def phase(prose, json_):
+        return {"goodput": prose + json_, "tokens": 100, "per_category": {"prose": prose, "json": json_}}
+
+    runs = {"specctl": {"phases": {"8": phase(9.0, 30.0)}},
+            "no_spec": {"phases": {"8": phase(10.0, 10.0)}, "paired_specctl": {"8": phase(9.0, 30.0)}},
+            "k=3": {"phases": {"8": phase(8.0, 20.0)}, "paired_specctl": {"8": phase(9.0, 30.0)}}}
+    worst = report.worst_categories(runs, "8")
+    assert worst["k=3"]["category"] == "prose" and worst["k=3"]["ratio"] == pytest.approx(0.8)
+    assert worst["k=3"]["below"] == 1 and worst["specctl"]["ratio"] == pytest.approx(0.9)
+    assert "no_spec" not in worst
