@@ -489,9 +489,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-repeat-reference", dest="repeat_reference", action="store_false",
                     help="skip the final no-speculation drift check")
     ap.add_argument("--model-dir", default=None)
-    ap.add_argument("--server-cpus", default=None,
-                    help="CPUs for every engine's API server and EngineCore (default: all but --omp-bind's; "
-                         "'none' leaves them to the kernel)")
+    ap.add_argument("--server-cpus", default="none",
+                    help="CPUs for every engine's API server and EngineCore, the controllers and this client "
+                         "('auto': all but --omp-bind's; default 'none': left to the kernel). On 2 cores, "
+                         "pinning starved the EngineCore (run 5): off by default")
     ap.add_argument("--omp-bind", default=engines.default_omp_bind(),
                     help="VLLM_CPU_OMP_THREADS_BIND of every engine (default: the last CPU, %(default)s; 'auto' = vLLM's)")
     ap.add_argument("--ld-preload", default=engines.default_ld_preload(),
@@ -510,8 +511,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.warmup_per_category = a.warmup_per_category or defaults[2]
     if a.quick:
         a.repeat_reference = False
-    a.server_cpus = (None if a.server_cpus == "none"
-                     else a.server_cpus or engines.default_server_cpus(a.omp_bind))
+    a.server_cpus = {"none": None, "auto": engines.default_server_cpus(a.omp_bind)}.get(a.server_cpus, a.server_cpus)
     a.ks = [int(k) for k in a.ks.split(",") if k.strip()]
     a.variant_min_evidence = [float(v) for v in a.variant_min_evidence.split(",") if v.strip()]
     a.variant_category_floor = [float(v) for v in a.variant_category_floor.split(",") if v.strip()]

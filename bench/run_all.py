@@ -1,7 +1,8 @@
 """`make bench`: every benchmark in turn, each writing its JSON (and plots) into bench/results/.
 
-Order: the controller-only benchmarks first (ingest, load, simulator), then the ones that start the real
-vLLM CPU engine (patch overhead, the side-by-side CPU engine comparison). `--quick` runs each in its smoke
+Order: the controller-only benchmarks first (ingest, load, simulator, the reporter thread's cost), then the
+ones that start the real vLLM CPU engine (patch overhead, the spread between identical engines, the
+side-by-side CPU engine comparison; ``python -m bench.cpu.stats`` adds intervals to the latter's results). `--quick` runs each in its smoke
 mode. A failing benchmark is reported and the others still run; the exit code is non-zero if any failed.
 """
 
@@ -17,7 +18,9 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.ingest", [], ["--quick"]),
     ("bench.load", [], ["--duration", "10"]),
     ("bench.sim.run", [], ["--quick"]),
+    ("bench.reporter_cost", [], ["--posts", "30"]),
     ("bench.overhead", [], []),
+    ("bench.cpu.identical", [], ["--engines", "2", "--rounds", "2", "--out", "bench/results/tmp/identical_quick.json"]),
     ("bench.cpu_engine", [], ["--quick"]),
 ]
 

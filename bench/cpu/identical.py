@@ -1,7 +1,6 @@
 """How far apart identical engines measure on this machine: the floor under every CPU benchmark ratio.
 
-N plain vLLM CPU engines with the same configuration (static n-gram k, the benchmark's engine flags, server
-processes pinned off the worker's core as in bench/cpu_engine.py) are started one after another and all kept
+N plain vLLM CPU engines with the same configuration (static n-gram k, the benchmark's engine flags) are started one after another and all kept
 running, like the benchmark's always-on specctl engine beside each configuration's. The same chunks of the
 benchmark workload then run on each engine in turn (round j: start order, reversed on odd rounds, so a steady
 drift of the machine cancels), never two at once. Identical engines serving identical requests should
@@ -56,13 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4, help="static n-gram k of every engine (0: no speculation)")
     ap.add_argument("--no-touch", dest="touch", action="store_false",
                     help="no short request to an engine right before its measured chunk (bench/cpu/driver.touch)")
+    ap.add_argument("--server-cpus", default="none",
+                    help="CPUs for the engines' API server and EngineCore ('auto': all but --omp-bind's; "
+                         "default 'none': left to the kernel, as in the CPU benchmark)")
     ap.add_argument("--omp-bind", default=engines.default_omp_bind())
     ap.add_argument("--workdir", default=str(ROOT / "bench" / "results" / "tmp" / "identical"))
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if not 2 <= args.engines <= 6 or args.rounds < 1 or args.concurrency < 1 or not 0 <= args.k <= 8:
         ap.error("--engines 2..6, --rounds >= 1, --concurrency >= 1, --k 0..8")
-    cpus = engines.default_server_cpus(args.omp_bind)
+    cpus = {"none": None, "auto": engines.default_server_cpus(args.omp_bind)}.get(args.server_cpus, args.server_cpus)
     size = len(CATEGORIES) * max(1, args.concurrency // 4)
     prompts = bench_workload(max(1, args.rounds * size // len(CATEGORIES)))
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)][: args.rounds]
