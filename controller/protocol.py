@@ -148,6 +148,12 @@ class StepRecord(_Strict):
     draft_tokens: NonNegInt = Field(description="draft tokens scheduled for verification in the step")
     prefill_tokens: NonNegInt = Field(default=0, description="scheduled tokens that are prompt prefill")
     draft_depth: NonNegInt = Field(default=0, le=MAX_K, description="drafting depth asked of the drafter for the next step")
+    width: int | None = Field(default=None, ge=0, le=MAX_K,
+                              description="graph-shaped engines: the one proposal width every request of this step "
+                              "verified (drafts padded with placeholders where a request had fewer); else null")
+    interval_s: float | None = Field(default=None, ge=0, le=3600, allow_inf_nan=False,
+                                     description="seconds since the previous step ended, when the engine was busy "
+                                     "in between (the step's cost under async scheduling); else null")
     categories: list[CategoryStep] = Field(default_factory=list, max_length=MAX_CATEGORIES_PER_STEP)
 
     @model_validator(mode="after")
@@ -167,6 +173,11 @@ class SpecConfig(_Strict):
         default=False,
         description="the engine replays full CUDA graphs for uniform decode batches, so a step whose requests "
         "draft different k runs slower (piecewise graphs); the controller then starts from a mixed-k penalty",
+    )
+    graph_widths: list[Annotated[int, Field(ge=0, le=MAX_K)]] = Field(
+        default_factory=list, max_length=MAX_K + 1,
+        description="graph-shaped engines: the proposal widths the engine captured full CUDA graphs for and picks "
+        "one of per step (ascending, 0 first); empty for per-request k",
     )
 
 
@@ -209,6 +220,33 @@ class CategoryPolicy(_Strict):
     probe_k: int = Field(default=0, ge=0, le=MAX_K)
     source: Literal["policy", "override", "probe", "default"] = "policy"
     reason: str = Field(default="", max_length=512)
+    expected: list[Annotated[float, Field(ge=1.0, le=MAX_K + 1.0, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=MAX_K + 1,
+        description="graph-shaped engines: E(K) for K = 0.. (tokens a request commits per step when it verifies K "
+        "drafts, 1 + expected accepted drafts), the input of the engine's width rule; empty: not known",
+    )
+
+
+class StepCells(_Strict):
+    """Step seconds per (batch bucket, width) cell, for graph-shaped engines' width rule."""
+
+    batch_edges: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(min_length=1, max_length=64,
+                                                                       description="upper edge of each batch bucket")
+    widths: list[Annotated[int, Field(ge=0, le=MAX_K)]] = Field(min_length=1, max_length=MAX_K + 1)
+    step_s: list[list[Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]]] = Field(
+        description="step_s[bucket][width index]: estimated seconds per step")
+    steps: list[list[Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]]] = Field(
+        description="steps[bucket][width index]: decayed steps measured in the cell (its confidence)")
+
+    @model_validator(mode="after")
+    def _shape(self) -> StepCells:
+        rows, cols = len(self.batch_edges), len(self.widths)
+        if len(self.step_s) != rows or len(self.steps) != rows or any(len(r) != cols for r in self.step_s) \
+                or any(len(r) != cols for r in self.steps):
+            raise ValueError("step_s and steps must be len(batch_edges) x len(widths)")
+        if sorted(set(self.widths)) != self.widths or sorted(set(self.batch_edges)) != self.batch_edges:
+            raise ValueError("widths and batch_edges must be strictly ascending")
+        return self
 
 
 class Policy(_Strict):
@@ -218,6 +256,7 @@ class Policy(_Strict):
     ttl_s: float = Field(gt=0, le=3600, description="apply for at most this long after receipt, then fall back")
     default: CategoryPolicy = Field(description="for categories the policy does not list")
     categories: dict[Category, CategoryPolicy] = Field(default_factory=dict, max_length=1024)
+    step_cells: StepCells | None = Field(default=None, description="graph-shaped engines: the step-cost cell table")
 
     _check_issued_at = field_validator("issued_at", "ttl_s")(_finite)
 

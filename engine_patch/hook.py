@@ -47,9 +47,12 @@ from engine_patch.categories import category_from_sampling_params
 from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from engine_patch.proposers import PROPOSERS, TokenHistory
 from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_attempt, add_counterfactual, new_entry
+from engine_patch.widths import WidthChooser
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"
+#: Two step ends closer than this are back-to-back steps of a busy engine: the gap is the later step's cost.
+BUSY_GAP_S = 0.5
 #: Counterfactual credit stays within +-this: an idle period does not buy a burst of scoring work, and a
 #: period where the hook alone overran the budget is forgotten after a while.
 CF_CREDIT_CAP_NS = 20_000_000
@@ -125,7 +128,7 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "cf_ns", "depth", "draft_ns", "hook_ns", "output", "t0", "table")
+    __slots__ = ("agg", "cf_ns", "depth", "draft_ns", "hook_ns", "mix", "output", "t0", "table", "width")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
@@ -136,6 +139,8 @@ class _Step:
         self.depth = 0
         self.table = table
         self.agg: Aggregate = {}
+        self.width: int | None = None  # graph-shaped: the width this step verifies
+        self.mix: dict[str, int] | None = None  # graph-shaped: requests per category
 
 
 class SpecHook:
@@ -175,6 +180,8 @@ class SpecHook:
         self._current: _Step | None = None  # claimed by observe, finished by finish
         self._cf_credit_ns = 0.0
         self._cf_cursor = 0
+        self.widths = WidthChooser(engine.graph_widths, engine.k_max) if engine.graph_widths else None
+        self._last_end: float | None = None
 
     # -- per-request rule ------------------------------------------------------------------------------
 
@@ -217,6 +224,11 @@ class SpecHook:
         t0 = self.perf_ns()
         table = self.holder.current(self.clock())
         step = _Step(t0, table)
+        if self.widths is not None:
+            self._before_graph_step(running, table, step)
+            step.hook_ns = self.perf_ns() - t0
+            self._next = step
+            return
         static = table.is_static
         depth = 0
         can_replace = not self.async_mode
@@ -242,6 +254,22 @@ class SpecHook:
             self._score_counterfactual(running, step)
         step.hook_ns = self.perf_ns() - t0
         self._next = step
+
+    def _before_graph_step(self, running: Sequence[Any], table: PolicyTable, step: _Step) -> None:
+        """Graph-shaped steps: no request is trimmed; every request verifies the step's width (vLLM's
+        placeholder drafts, -1, pad a request that has fewer, as its async scheduler does)."""
+        width = self.widths.width
+        step.width = width
+        mix: dict[str, int] = {}
+        for request in running:
+            state = getattr(request, STATE_ATTR, None)
+            if state is None or state.gen != table.generation:
+                state = self.state_of(request, table)
+            mix[state.category] = mix.get(state.category, 0) + 1
+            spec = request.spec_token_ids
+            if spec and len(spec) != width:
+                request.spec_token_ids = spec[:width] if len(spec) > width else [*spec, *([-1] * (width - len(spec)))]
+        step.mix = mix
 
     def _draft_model_free(self, request: Any, state: RequestState, k: int) -> int:
         """Replace the request's drafts by the patch's own proposal; returns the ns it took."""
@@ -326,7 +354,19 @@ class SpecHook:
         t = self.perf_ns()
         step.output = output
         table = step.table
-        if not table.is_static and self.engine.k_max > 0:
+        if self.widths is not None:
+            mix = step.mix if step.mix is not None else {}
+            for new in getattr(output, "scheduled_new_reqs", ()):
+                request = requests.get(new.req_id)
+                if request is not None:
+                    category = self.state_of(request, table).category
+                    mix[category] = mix.get(category, 0) + 1
+            batch = len(output.num_scheduled_tokens)
+            width = self.widths.choose(mix, table, batch)
+            if not table.is_static:
+                output.num_spec_tokens_to_schedule = width
+            step.depth = width
+        elif not table.is_static and self.engine.k_max > 0:
             depth = step.depth
             # Requests admitted in this step were not in the running list before schedule().
             for new in getattr(output, "scheduled_new_reqs", ()):
@@ -425,6 +465,13 @@ class SpecHook:
         batch = len(output.num_scheduled_tokens)
         scheduled = output.total_num_scheduled_tokens
         draft_tokens = step.output if isinstance(step.output, int) else 0
+        now = self.clock()
+        interval = None
+        if self._last_end is not None and 0 <= now - self._last_end <= BUSY_GAP_S:
+            interval = now - self._last_end
+        self._last_end = now if scheduled > 0 else None
+        if self.widths is not None and step.agg:
+            self.widths.observe(step.agg)
         if scheduled > 0:
             self.queue.push(StepRow(
                 t=self.clock(),
@@ -435,6 +482,8 @@ class SpecHook:
                 prefill_tokens=max(scheduled - batch - draft_tokens, 0),
                 draft_depth=step.depth,
                 agg=step.agg,
+                width=step.width if draft_tokens == batch * (step.width or 0) else None,
+                interval_s=interval,
             ))
         end = self.perf_ns()
         wall_ns = end - step.t0

@@ -1,9 +1,10 @@
 """``vllm.general_plugins`` entry point (``specctl = "engine_patch.plugin:register"``).
 
 vLLM calls :func:`register` in every process it starts (API server, EngineCore, workers), possibly more than
-once. It only checks the vLLM version and logs once per process; it imports nothing heavy, changes no vLLM
-state and never raises, so installing the package can never break a vLLM process that does not use the
-patch. The patch itself is switched on with ``--scheduler-cls engine_patch.scheduler.SpecctlScheduler``
+once. It checks the vLLM version and logs once per process, and applies the model-runner backports of
+:mod:`engine_patch.backports` where the installed vLLM is exactly a release they were checked against (their
+sources are verified first; otherwise they stay off with one log line). It never raises, so installing the
+package can never break a vLLM process. The patch itself is switched on with ``--scheduler-cls engine_patch.scheduler.SpecctlScheduler``
 (and, for categories derived from tools/response_format, ``--middleware
 engine_patch.middleware.CategoryMiddleware``).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from engine_patch import versions
+from engine_patch import backports, versions
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.plugin")
@@ -25,6 +26,10 @@ def register() -> None:
         _check_version_once()
     except Exception:  # a plugin must never break the process that loads it
         logger.debug("specctl: version check failed", exc_info=True)
+    try:
+        backports.apply()
+    except Exception:  # a plugin must never break the process that loads it
+        logger.debug("specctl: backports failed", exc_info=True)
 
 
 @functools.cache

@@ -39,11 +39,13 @@ class EngineSpec:
     k_max: int  # num_speculative_tokens (0 without speculation)
     model_free_methods: tuple[str, ...] = ()  # drafters the patch may substitute (synchronous scheduling only)
     full_cuda_graphs: bool = False  # uniform decode batches replay a full CUDA graph (mixed k runs piecewise)
+    #: Graph-shaped engines: the widths with captured full graphs (ascending, 0 first); () = per-request k.
+    graph_widths: tuple[int, ...] = ()
 
     def to_protocol(self) -> protocol.SpecConfig:
         return protocol.SpecConfig(
             method=self.method, k_max=self.k_max, model_free_methods=list(self.model_free_methods),
-            full_cuda_graphs=self.full_cuda_graphs,
+            full_cuda_graphs=self.full_cuda_graphs, graph_widths=list(self.graph_widths),
         )
 
 
@@ -69,6 +71,42 @@ _generations = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
+class StepCellRows:
+    """The controller's cell table resolved to this engine's width set (missing widths cost +inf)."""
+
+    batch_edges: tuple[int, ...]
+    step_s: tuple[tuple[float, ...], ...]
+    steps: tuple[tuple[float, ...], ...]
+
+    def bucket(self, n: int) -> int:
+        edges = self.batch_edges
+        i = 0
+        while i < len(edges) - 1 and n > edges[i]:
+            i += 1
+        return i
+
+
+def resolve_cells(cells: protocol.StepCells | None, widths: tuple[int, ...]) -> StepCellRows | None:
+    if cells is None or not widths:
+        return None
+    index = {w: j for j, w in enumerate(cells.widths)}
+    step_s = tuple(tuple(row[index[w]] if w in index else math.inf for w in widths) for row in cells.step_s)
+    steps = tuple(tuple(row[index[w]] if w in index else 0.0 for w in widths) for row in cells.steps)
+    return StepCellRows(tuple(cells.batch_edges), step_s, steps)
+
+
+def resolve_curve(expected: list[float], k_max: int) -> tuple[float, ...]:
+    """E(K) for K = 0..k_max, non-decreasing, extended flat; () when the controller sent none."""
+    if not expected:
+        return ()
+    out = [1.0]
+    for k in range(1, k_max + 1):
+        value = expected[min(k, len(expected) - 1)]
+        out.append(min(max(value, out[-1]), k + 1.0))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyTable:
     version: int | None  # None: the engine's static config
     expires_at: float  # engine monotonic clock; +inf for the static table
@@ -76,6 +114,11 @@ class PolicyTable:
     categories: Mapping[str, CategoryRule] = field(default_factory=dict)
     #: Changes with every table; lets the engine re-resolve a request's rule only when the table changed.
     generation: int = field(default_factory=lambda: next(_generations))
+    #: Graph-shaped engines: E_c(K) per category (K = 0..k_max) and the default category's curve.
+    curves: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    default_curve: tuple[float, ...] = ()
+    #: Graph-shaped engines: per batch bucket, (step seconds, measured steps) aligned to the engine's widths.
+    cells: StepCellRows | None = None
 
     @property
     def is_static(self) -> bool:
@@ -163,6 +206,11 @@ def build_table(
         and all(previous.categories[name] is rule for name, rule in categories.items())
     )
     extra = {"generation": previous.generation} if same_rules and previous is not None else {}
+    if engine.graph_widths:
+        extra["curves"] = MappingProxyType({name: resolve_curve(cp.expected, engine.k_max)
+                                            for name, cp in policy.categories.items() if cp.expected})
+        extra["default_curve"] = resolve_curve(policy.default.expected, engine.k_max)
+        extra["cells"] = resolve_cells(policy.step_cells, engine.graph_widths)
     return PolicyTable(
         version=policy.version,
         expires_at=received_at + policy.ttl_s,

@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from controller import protocol
+from engine_patch import backports
 from engine_patch.hook import SpecHook
 from engine_patch.policy_table import EngineSpec, PolicyHolder
 from engine_patch.reporter import Identity, Reporter
@@ -62,9 +63,12 @@ def engine_spec(vllm_config: Any, num_spec_tokens: int, async_mode: bool) -> Eng
     k_max = min(num_spec_tokens, protocol.MAX_K) if spec is not None else 0
     if k_max <= 0 or not method:
         return EngineSpec(method=protocol.METHOD_OFF, k_max=0)
-    model_free = () if async_mode else tuple(m for m in MODEL_FREE_METHODS if m != method)
+    widths = backports.graph_widths(k_max) if full_cuda_graphs(vllm_config) and backports.graph_shaped(vllm_config) \
+        else ()
+    # model-free substitution changes a request's drafts on the host: not on graph-shaped (async) engines
+    model_free = () if async_mode or widths else tuple(m for m in MODEL_FREE_METHODS if m != method)
     return EngineSpec(method=method[:32], k_max=k_max, model_free_methods=model_free,
-                      full_cuda_graphs=full_cuda_graphs(vllm_config))
+                      full_cuda_graphs=full_cuda_graphs(vllm_config), graph_widths=widths)
 
 
 def full_cuda_graphs(vllm_config: Any) -> bool:
@@ -126,8 +130,9 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         reporter = Reporter(settings, queue, holder, identity)
         reporter.start()
     logger.info(
-        "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s, controller=%s)",
+        "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s graph widths=%s, controller=%s)",
         engine.method, engine.k_max, async_mode, ",".join(engine.model_free_methods) or "-",
+        ",".join(map(str, engine.graph_widths)) or "per-request k",
         settings.controller_url if reporter else "off",
     )
     return SpecctlRuntime(hook, reporter, settings.error_limit)

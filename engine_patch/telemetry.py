@@ -33,6 +33,8 @@ class StepRow(NamedTuple):
     prefill_tokens: int
     draft_depth: int
     agg: Aggregate
+    width: int | None = None  # graph-shaped steps: the width every request verified
+    interval_s: float | None = None  # seconds since the previous step ended, on a busy engine
 
 
 def new_entry() -> list[Any]:
@@ -128,4 +130,6 @@ def row_to_wire(row: StepRow) -> dict[str, Any]:
         "prefill_tokens": row.prefill_tokens,
         "draft_depth": min(row.draft_depth, protocol.MAX_K),
         "categories": categories[: protocol.MAX_CATEGORIES_PER_STEP],
+        **({"width": min(row.width, protocol.MAX_K)} if row.width is not None else {}),
+        **({"interval_s": min(max(row.interval_s, 0.0), 3600.0)} if row.interval_s is not None else {}),
     }

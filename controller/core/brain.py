@@ -15,6 +15,7 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from controller.core.engines import EngineBook
 from controller.core.entropy import classify
 from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
 from controller.core.learner import ModelState
+from controller.core.model.widths import expected_lengths
 from controller.core.overrides import Override, active_overrides
 from controller.core.policy import goodput
 from controller.core.policy.types import (
@@ -56,6 +58,7 @@ from controller.protocol import (
     CategoryPolicy,
     Policy,
     SpecConfig,
+    StepCells,
     TelemetryBatch,
 )
 
@@ -83,7 +86,7 @@ class IngestResult:
     gaps: int
 
 
-_Key = tuple[str, str, int, tuple[str, ...], str, bool]
+_Key = tuple[str, str, int, tuple[str, ...], str, bool, tuple[int, ...]]
 
 
 @dataclass
@@ -123,7 +126,7 @@ def refresh_interval(key: _Key, interval_s: float) -> float:
 
 def _key(model: str, spec: SpecConfig, engine_id: str | None) -> _Key:
     return (model, spec.method, spec.k_max, tuple(sorted(set(spec.model_free_methods))), engine_id or "",
-            spec.full_cuda_graphs)
+            spec.full_cuda_graphs, tuple(spec.graph_widths))
 
 
 def _engine_methods(spec: SpecConfig) -> tuple[str, ...]:
@@ -306,9 +309,31 @@ class Brain:
                               methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors,
                               ms.cost.mixed_penalty(batch_size, FULL_GRAPH_PENALTY if spec.full_cuda_graphs else 1.0))
 
+    def _graph_inputs(self, model: str, spec: SpecConfig) -> tuple[StepCells | None, dict[str, list[float]]]:
+        """Graph-shaped engines: the cell table and E_c(K) per category, rounded so that noise does not make a
+        new policy version at every refresh. Reads only."""
+        ms = self._models.get(model)
+        if ms is None or not spec.graph_widths:
+            return None, {}
+        view = ms.cells.view(spec.graph_widths, self._preset)
+        cells = StepCells(batch_edges=list(view.batch_edges), widths=list(view.widths),
+                          step_s=[[_round_sig(x) for x in row] for row in view.step_s],
+                          steps=[[_quantize_steps(c) for c in row] for row in view.steps])
+        ls = self.config.learner
+        curves: dict[str, list[float]] = {}
+        for name, st in ms.categories.items():
+            est = st.methods.get(spec.method)
+            if est is not None and _WIRE_NAME.match(name):
+                betas = est.betas(max(spec.k_max, 1), ls.prior_mean, ls.prior_strength)
+                curves[name] = [round(e, 2) for e in expected_lengths(betas, spec.k_max)]
+        return cells, curves
+
     def _wire(self, key: _Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
         active = active_overrides(self._overrides, now)
-        basis = (decision, tuple(active.values()), tuple(spec.model_free_methods))
+        cells, curves = self._graph_inputs(key[0], spec)
+        graph_basis = (cells.model_dump_json() if cells is not None else None, tuple(sorted(
+            (n, tuple(c)) for n, c in curves.items())))
+        basis = (decision, tuple(active.values()), tuple(spec.model_free_methods), graph_basis)
         served = self._served.get(key)
         if served is not None and _same_basis(served.basis, basis):
             return served.policy
@@ -317,17 +342,19 @@ class Brain:
         for d in decision.categories:
             if _WIRE_NAME.match(d.name):  # the overflow bucket is no engine's category: those use the default
                 cats[d.name] = self._category_policy(d, spec)
+                if d.name in curves:
+                    cats[d.name] = cats[d.name].model_copy(update={"expected": curves[d.name]})
         for name, ov in active.items():
             if name in cats or len(cats) < MAX_POLICY_CATEGORIES:
                 cats[name] = _apply_override(cats.get(name, default), ov, spec)
         content = (self.config.policy.ttl_s, _content(default),
-                   tuple(sorted((n, _content(p)) for n, p in cats.items())))
+                   tuple(sorted((n, _content(p)) for n, p in cats.items())), graph_basis)
         if served is not None and served.content == content:
             served.basis = basis
             return served.policy
         self._version += 1
         policy = Policy(version=self._version, issued_at=now, ttl_s=self.config.policy.ttl_s, default=default,
-                        categories=cats)
+                        categories=cats, step_cells=cells)
         self._served.pop(key, None)
         self._served[key] = _Served(content, policy, basis)
         while len(self._served) > MAX_CACHED_POLICIES:
@@ -586,6 +613,15 @@ class Brain:
         return brain
 
 
+def _round_sig(x: float, digits: int = 3) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def _quantize_steps(c: float) -> float:
+    """Measured steps rounded down to a power of two: the width rule's margin changes little between them."""
+    return 0.0 if c < 1 else float(2 ** int(math.log2(c)))
+
+
 def _items(d) -> list:
     return list(d.items()) if isinstance(d, dict) else []
 
@@ -602,7 +638,7 @@ def _apply_override(base: CategoryPolicy, ov: Override, spec: SpecConfig) -> Cat
     if ov.off or spec.k_max == 0:
         reason = f"override{who}: speculation off{why}" if ov.off else f"override{who}: engine has k_max=0{why}"
         return CategoryPolicy(k=0, method=METHOD_OFF, adapt=AdaptRule(k_min=0, k_max=0), source="override",
-                              reason=reason[:512])
+                              reason=reason[:512], expected=base.expected)
     available = set(_engine_methods(spec)) | {METHOD_ENGINE}
     method = base.method
     note = ""
@@ -625,4 +661,5 @@ def _apply_override(base: CategoryPolicy, ov: Override, spec: SpecConfig) -> Cat
     if k == 0:
         method = METHOD_OFF
     reason = f"override{who}: {what}{why}{note}"
-    return CategoryPolicy(k=k, method=method, adapt=adapt, source="override", reason=reason[:512])
+    return CategoryPolicy(k=k, method=method, adapt=adapt, source="override", reason=reason[:512],
+                          expected=base.expected)

@@ -16,6 +16,7 @@ from controller.core.config import LearnerSettings
 from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
+from controller.core.model.cells import CellTable
 from controller.protocol import MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
 
 
@@ -58,6 +59,8 @@ class BatchDigest:
     new_categories: list[str]
     overflowed: int
     dropped_methods: int
+    #: graph-shaped decode steps: (batch size, width, seconds) for the step-cost cell table
+    cell_samples: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 class ModelState:
@@ -68,6 +71,7 @@ class ModelState:
         self.dropped_methods = 0
         self.mix = Mix()
         self.cost = OnlineCostModel(preset, settings.cost_prior_strength)
+        self.cells = CellTable()
 
     # -- ingest ---------------------------------------------------------------------------------------------
     def digest(self, batch: TelemetryBatch, cap: int) -> BatchDigest:
@@ -82,9 +86,13 @@ class ModelState:
         methods_per_cat: dict[str, set[str]] = {}  # filled for the categories this batch touches only
         overflowed = dropped = busy = busy_req = extra = 0
         extra_values: list[int] = []
+        cell_samples: list[tuple[int, int, float]] = []
         seconds = 0.0
         for step in batch.steps:
             seconds += step.wall_s
+            if step.width is not None and step.batch_size > 0 and step.prefill_tokens == 0:
+                cost_s = step.wall_s if step.interval_s is None else min(step.wall_s, step.interval_s)
+                cell_samples.append((step.batch_size, step.width, cost_s))
             if step.batch_size > 0:
                 busy += 1
                 busy_req += step.batch_size
@@ -139,7 +147,8 @@ class ModelState:
         hists = {key: {k: _column_sums(counts) for k, counts in per_k.items()} for key, per_k in rows_by_key.items()}
         committed = _committed_tokens(requests, hists)
         return BatchDigest(hists, dict(asks), dict(requests), committed, dict(spec_off), dict(requests), shapes, busy,
-                           busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped)
+                           busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped,
+                           cell_samples)
 
     def apply(self, d: BatchDigest, now: float, s: LearnerSettings, engine_mix: Mix) -> None:
         for cat in d.new_categories:
@@ -173,6 +182,10 @@ class ModelState:
             mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values, d.committed)
         self.cost.decay_to(now, s.cost_half_life_s)
         self.cost.add_many(d.shapes)
+        if d.cell_samples:
+            self.cells.decay_to(now, s.cost_half_life_s)
+            for n, width, seconds in d.cell_samples:
+                self.cells.add(n, width, seconds)
 
     # -- reading --------------------------------------------------------------------------------------------
     def pooled(self, method: str, now: float, half_life_s: float) -> AcceptanceEstimator:
@@ -194,7 +207,7 @@ class ModelState:
     def to_dict(self) -> dict:
         return {"categories": {c: s.to_dict() for c, s in self.categories.items()},
                 "overflow_steps": self.overflow_steps, "dropped_methods": self.dropped_methods,
-                "mix": self.mix.to_dict(), "cost": self.cost.to_dict()}
+                "mix": self.mix.to_dict(), "cost": self.cost.to_dict(), "cells": self.cells.to_dict()}
 
     @classmethod
     def from_dict(cls, name: str, d: dict, preset: CostCoefficients, s: LearnerSettings) -> ModelState:
@@ -212,6 +225,10 @@ class ModelState:
             pass
         try:
             m.cost = OnlineCostModel.from_dict(d["cost"], preset, s.cost_prior_strength)
+        except (KeyError, TypeError, ValueError):
+            pass
+        try:
+            m.cells = CellTable.from_dict(d["cells"])
         except (KeyError, TypeError, ValueError):
             pass
         return m

@@ -1,0 +1,303 @@
+"""Version-gated fixes to vLLM's model runner V2, applied by the ``vllm.general_plugins`` entry point.
+
+Graph-shaped speculation (one proposal width per step, every step on a captured full CUDA graph) needs three
+things vLLM 0.26.0's model runner V2 lacks. Each is a small wrapper around one vLLM function, applied only when
+the installed vLLM is exactly a release listed in :data:`CHECKED` and the wrapped function's source still holds
+the lines the wrapper relies on (read at start-up with :mod:`inspect`). Anything else turns every backport off
+with one log line; the engine then runs its static speculative config, as without the patch.
+
+``drafter_graphs`` (upstream PR #48329)
+    With a batch-size K table, the drafter's decode-graph manager (one token per request) applies the table's
+    K values to its own query length (1 + K - k_max: 1, -1, -3 ...) and capture asserts. The drafter's decode
+    manager must ignore the table.
+``graph_widths``
+    The target and the drafter's prefill manager capture full decode graphs for every width K of the engine's
+    width set (``1 + K`` tokens per request), not only for ``1 + k_max``. vLLM captures such a family only for
+    the K values of a batch-size table; the wrapper lends it the width set while the candidates are built.
+    Only for engines run with the patch's scheduler (the width set is the patch's).
+``full_graph_dispatch`` (upstream issue #56136)
+    vLLM stages candidates per token count, so a uniform batch whose next captured size belongs to another
+    width falls back to piecewise. The wrapper puts, for every token count, the smallest full graph of every
+    captured width ahead of the piecewise entry.
+``honour_width`` (upstream PR #57053)
+    The autoregressive drafter (EAGLE, EAGLE-3, MTP) runs ``k_max`` draft passes whatever width was scheduled.
+    The wrapper runs ``K - 1`` decode passes after the first, ``K`` being the step's
+    ``num_spec_tokens_to_schedule``. At K = 0 the first pass still runs: it writes the drafter's KV cache for the
+    step's tokens, without which later drafts would attend to holes (the failure TensorRT-LLM #16888 shows).
+
+``SPECCTL_BACKPORTS``: ``auto`` (default: every backport that applies), ``off``, or a comma list of names.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine_patch import versions
+
+logger = logging.getLogger("vllm.specctl.backports")
+
+ENV = "SPECCTL_BACKPORTS"
+WIDTHS_ENV = "SPECCTL_GRAPH_WIDTHS"
+NAMES = ("drafter_graphs", "graph_widths", "full_graph_dispatch", "honour_width")
+#: Releases whose sources the wrappers were written against (exact versions: a patch release may move code).
+CHECKED = ("0.26.0",)
+#: Default width set: plain decoding, the short widths where speculation still pays at large batches, and k_max.
+DEFAULT_WIDTHS = (0, 1, 2, 4)
+SPECCTL_SCHEDULER_PREFIX = "engine_patch.scheduler"
+#: Drafters of model runner V2's autoregressive speculator, the one ``honour_width`` and the width set cover.
+AUTOREGRESSIVE_METHODS = ("eagle", "eagle3", "mtp")
+
+#: (module, qualified name, lines its source must contain) per backport.
+_TARGETS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    "drafter_graphs": (
+        ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager._init_candidates",
+         ("uses_dynamic_speculative_decoding()", "self.decode_query_len - self.vllm_config.num_speculative_tokens")),
+    ),
+    "graph_widths": (
+        ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager._init_candidates",
+         ("x[2] + num_new_sampled_tokens_per_step for x in num_spec_per_batch_size",)),
+    ),
+    "full_graph_dispatch": (
+        ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager.dispatch",
+         ("self._candidates[key]", "_is_compatible(")),
+    ),
+    "honour_width": (
+        ("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator", "AutoRegressiveSpeculator._multi_step_decode",
+         ("for step in range(1, self.num_speculative_steps):",)),
+        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model",
+         ("scheduler_output: SchedulerOutput", "dummy_run: bool = False")),
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackportStatus:
+    """What the plugin applied in this process, and why the rest was not."""
+
+    applied: tuple[str, ...]
+    problem: str | None = None
+
+    def has(self, name: str) -> bool:
+        return name in self.applied
+
+
+def requested(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    raw = (os.environ if environ is None else environ).get(ENV, "auto").strip().lower()
+    if raw in ("", "auto", "1", "on", "all", "true"):
+        return NAMES
+    if raw in ("0", "off", "none", "false"):
+        return ()
+    return tuple(n for n in NAMES if n in {p.strip() for p in raw.split(",")})
+
+
+def graph_widths(k_max: int, environ: dict[str, str] | None = None) -> tuple[int, ...]:
+    """The width set, sorted: ``SPECCTL_GRAPH_WIDTHS`` (comma list) or the default; always holds 0 and k_max."""
+    raw = (os.environ if environ is None else environ).get(WIDTHS_ENV, "")
+    widths = set(DEFAULT_WIDTHS)
+    if raw.strip():
+        try:
+            widths = {int(p) for p in raw.split(",") if p.strip()}
+        except ValueError:
+            logger.warning("specctl: %s=%r is not a comma list of integers; using the default", WIDTHS_ENV, raw)
+    return tuple(sorted({w for w in widths if 0 <= w <= k_max} | {0, k_max}))
+
+
+def _resolve(module: str, qualname: str) -> tuple[Any, str, Callable]:
+    import importlib
+
+    owner: Any = importlib.import_module(module)
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1], getattr(owner, parts[-1])
+
+
+def source_problem(name: str) -> str | None:
+    """None when every function the backport wraps exists and still holds the lines it relies on."""
+    for module, qualname, needles in _TARGETS[name]:
+        try:
+            _, _, fn = _resolve(module, qualname)
+            text = inspect.getsource(inspect.unwrap(fn))
+        except Exception as exc:  # noqa: BLE001 - any failure to read the code means "differs"
+            return f"{module}.{qualname}: {type(exc).__name__}: {exc}"
+        for needle in needles:
+            if needle not in text:
+                return f"{module}.{qualname} no longer contains {needle!r}"
+    return None
+
+
+@functools.cache
+def status() -> BackportStatus:
+    """Checked once per process; the scheduler's process and the workers reach the same answer."""
+    wanted = requested()
+    if not wanted:
+        return BackportStatus(applied=(), problem=f"{ENV}=off")
+    version = versions.installed_version()
+    if version not in CHECKED:
+        return BackportStatus(applied=(), problem=f"vLLM {version} is not a release the backports were checked "
+                                                   f"against ({', '.join(CHECKED)})")
+    for name in wanted:
+        problem = source_problem(name)
+        if problem:
+            return BackportStatus(applied=(), problem=problem)
+    return BackportStatus(applied=wanted)
+
+
+@functools.cache
+def apply() -> BackportStatus:
+    """Apply what :func:`status` allows, once per process; never raises."""
+    st = status()
+    if st.problem:
+        logger.info("specctl: model-runner backports off: %s; engines run their static speculative config", st.problem)
+        return st
+    try:
+        _install(st)
+    except Exception as exc:  # noqa: BLE001 - a plugin must never break the process that loads it
+        logger.warning("specctl: model-runner backports off: %s: %s", type(exc).__name__, exc)
+        return BackportStatus(applied=(), problem=f"install failed: {type(exc).__name__}: {exc}")
+    logger.info("specctl: model-runner backports applied: %s", ", ".join(st.applied))
+    return st
+
+
+def _install(st: BackportStatus) -> None:
+    if st.has("drafter_graphs") or st.has("graph_widths") or st.has("full_graph_dispatch"):
+        owner, attr, original = _resolve("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager._init_candidates")
+        setattr(owner, attr, _wrap_init_candidates(original, st))
+    if st.has("honour_width"):
+        owner, attr, original = _resolve("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator",
+                                         "AutoRegressiveSpeculator._multi_step_decode")
+        setattr(owner, attr, _wrap_multi_step_decode(original))
+        owner, attr, original = _resolve("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model")
+        setattr(owner, attr, _wrap_execute_model(original))
+
+
+# -- candidates: drafter decode graphs, the width set, full graphs first -----------------------------------------
+def uses_patch_scheduler(vllm_config: Any) -> bool:
+    cls = getattr(getattr(vllm_config, "scheduler_config", None), "scheduler_cls", None)
+    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{getattr(cls, '__name__', '')}"
+    return bool(name) and name.startswith(SPECCTL_SCHEDULER_PREFIX)
+
+
+def _table_for(manager: Any, st: BackportStatus) -> tuple[bool, Any]:
+    """(replace the table during the build, the table to lend)."""
+    spec = getattr(manager.vllm_config, "speculative_config", None)
+    k_max = int(getattr(manager.vllm_config, "num_speculative_tokens", 0) or 0)
+    if spec is None or k_max <= 0:
+        return False, None
+    table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if manager.decode_query_len == 1 and k_max > 0:
+        # the drafter's one-token decode manager: the table's K values are not its query lengths
+        return (st.has("drafter_graphs") and table is not None), None
+    if table is None and st.has("graph_widths") and uses_patch_scheduler(manager.vllm_config) \
+            and str(getattr(spec, "method", "")) in AUTOREGRESSIVE_METHODS:
+        return True, [(1, 1, w) for w in graph_widths(k_max)]
+    return False, None
+
+
+def _wrap_init_candidates(original: Callable, st: BackportStatus) -> Callable:
+    @functools.wraps(original)
+    def _init_candidates(self: Any) -> None:
+        swap, lent = _table_for(self, st)
+        spec = getattr(self.vllm_config, "speculative_config", None)
+        if swap:
+            held = spec.num_speculative_tokens_per_batch_size
+            spec.num_speculative_tokens_per_batch_size = lent
+            try:
+                original(self)
+            finally:
+                spec.num_speculative_tokens_per_batch_size = held
+        else:
+            original(self)
+        if st.has("full_graph_dispatch"):
+            full_graphs_first(self._candidates, self._capture_descs)
+
+    return _init_candidates
+
+
+def full_graphs_first(candidates: dict, capture_descs: dict) -> None:
+    """For every staged token count, the smallest full graph of each captured width that can hold it, ahead of
+    the entries vLLM staged there (pure on the two dicts; mutates ``candidates``)."""
+    full = [d for descs in capture_descs.values() for d in descs
+            if getattr(d, "uniform_token_count", None) is not None and getattr(d, "num_reqs", None) is not None]
+    if not full:
+        return
+    by_width: dict[tuple[int, int], list] = {}
+    for d in full:
+        by_width.setdefault((d.uniform_token_count, d.num_active_loras), []).append(d)
+    for descs in by_width.values():
+        descs.sort(key=lambda d: d.num_tokens)
+    for (num_tokens, loras), staged in candidates.items():
+        extra = []
+        for (_, w_loras), descs in by_width.items():
+            if w_loras != loras:
+                continue
+            best = next((d for d in descs if d.num_tokens >= num_tokens), None)
+            if best is not None and best not in staged:
+                extra.append(best)
+        if extra:
+            kept_full = [d for d in staged if d in full]
+            rest = [d for d in staged if d not in full]
+            candidates[(num_tokens, loras)] = kept_full + sorted(extra, key=lambda d: d.num_tokens) + rest
+
+
+# -- the drafter honours the scheduled width ----------------------------------------------------------------------
+WIDTH_ATTR = "_specctl_width"
+
+
+def _wrap_execute_model(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        speculator = getattr(self, "speculator", None)
+        if speculator is not None:
+            dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
+            width = None if dummy else getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+            setattr(speculator, WIDTH_ATTR, width)
+        return original(self, scheduler_output, *args, **kwargs)
+
+    return execute_model
+
+
+def decode_passes(k_max: int, width: int | None) -> int:
+    """``num_speculative_steps`` the drafter's decode loop should see: the scheduled width, at least 1."""
+    if width is None or width >= k_max:
+        return k_max
+    return max(int(width), 1)
+
+
+def _wrap_multi_step_decode(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def _multi_step_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        k_max = self.num_speculative_steps
+        steps = decode_passes(k_max, getattr(self, WIDTH_ATTR, None))
+        if steps == k_max:
+            return original(self, *args, **kwargs)
+        self.num_speculative_steps = steps
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.num_speculative_steps = k_max
+
+    return _multi_step_decode
+
+
+def graph_shaped(vllm_config: Any) -> bool:
+    """Whether this engine runs one width per step on captured full graphs: model runner V2 with full CUDA
+    graphs, an autoregressive drafter, and the width backports applied."""
+    st = apply()
+    if not (st.has("graph_widths") and st.has("full_graph_dispatch")):
+        return False
+    try:
+        if not getattr(vllm_config, "use_v2_model_runner", False):
+            return False
+        spec = vllm_config.speculative_config
+        method = str(getattr(spec, "method", "") or "")
+        return method in AUTOREGRESSIVE_METHODS and getattr(spec, "num_speculative_tokens_per_batch_size",
+                                                                None) is None
+    except AttributeError:
+        return False

@@ -1,0 +1,120 @@
+"""Per-step width choice of a graph-shaped engine (no I/O; O(categories x widths) per step).
+
+Each step the engine verifies one width K from its width set for every request, so every step replays a
+captured full graph. The choice is :func:`controller.core.model.widths.choose_width` (the one width rule of the
+project) on:
+
+* the step's requests per category (the batch the scheduler just formed: next step's batch, but for the
+  requests that finish or join);
+* E_c(K) per category: the controller's learned curve, blended with what this engine measured for the category
+  over the last few dozen steps (the fast timescale: a burst of JSON after prose moves the width within a second,
+  before the controller's next policy);
+* T(b, K) and the steps measured per cell from the controller's cell table.
+
+Operator overrides pin: when every category of the step is pinned to a fixed k by an override, the width is the
+largest of those k, rounded down to the width set. Exploration: every ``explore_every``-th step of a bucket
+runs the width whose cell has the fewest measured steps, if that is below ``explore_below``; the share of steps
+this costs is bounded by ``1 / explore_every``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.core.model.widths import choose_width, geometric_lengths
+from engine_patch.policy_table import PolicyTable
+
+#: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
+FAST_DECAY = 0.98
+#: Request-steps of fast evidence at which it weighs as much as the controller's curve; it never weighs more
+#: than :data:`FAST_MAX_WEIGHT` (the controller's curve has minutes of evidence behind it).
+FAST_HALF_WEIGHT = 100.0
+FAST_MAX_WEIGHT = 0.5
+
+
+class WidthChooser:
+    def __init__(self, widths: tuple[int, ...], k_max: int, explore_every: int = 50,
+                 explore_below: float = 100.0) -> None:
+        self.widths = widths
+        self.k_max = k_max
+        self.explore_every = explore_every
+        self.explore_below = explore_below
+        self.width = k_max  # the static config's width until the first policy
+        self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
+        self._bucket_steps: dict[int, int] = {}
+        self.explored = 0
+
+    # -- fast timescale ------------------------------------------------------------------------------------
+    def observe(self, agg: Mapping) -> None:
+        """Fold one step's per-(category, method) histograms into the fast sums."""
+        for sums in self._fast.values():
+            sums[0] *= FAST_DECAY
+            sums[1] *= FAST_DECAY
+        for (category, _method), entry in agg.items():
+            hists = entry[1]
+            if not hists:
+                continue
+            sums = self._fast.get(category)
+            if sums is None:
+                sums = self._fast[category] = [0.0, 0.0]
+            for drafted, counts in hists.items():
+                for accepted, n in enumerate(counts):
+                    if n:
+                        sums[0] += accepted * n
+                        if accepted < drafted:
+                            sums[1] += n
+
+    def curve(self, category: str, table: PolicyTable) -> tuple[float, ...]:
+        slow = table.curves.get(category) or table.default_curve
+        sums = self._fast.get(category)
+        evidence = (sums[0] + sums[1]) if sums else 0.0
+        if evidence <= 0:
+            return slow or geometric_lengths(0.5, self.k_max)
+        fast = geometric_lengths(sums[0] / evidence, self.k_max)
+        if not slow:
+            return fast
+        w = min(FAST_MAX_WEIGHT, evidence / (evidence + FAST_HALF_WEIGHT))
+        return tuple((1 - w) * a + w * b for a, b in zip(slow, fast))
+
+    # -- the choice -----------------------------------------------------------------------------------------
+    def choose(self, mix: Mapping[str, int], table: PolicyTable, batch: int) -> int:
+        if table.is_static or table.cells is None or batch <= 0:
+            self.width = self.k_max if table.is_static else self.width
+            return self.width
+        pinned = self._pinned(mix, table)
+        if pinned is not None:
+            self.width = pinned
+            return pinned
+        bucket = table.cells.bucket(batch)
+        step_s, steps = table.cells.step_s[bucket], table.cells.steps[bucket]
+        count = self._bucket_steps.get(bucket, 0) + 1
+        self._bucket_steps[bucket] = count
+        if self.explore_every and count % self.explore_every == 0:
+            j = min(range(len(self.widths)), key=lambda i: steps[i])
+            if steps[j] < self.explore_below and step_s[j] != float("inf"):
+                self.explored += 1
+                self.width = self.widths[j]
+                return self.width
+        curves = {c: self._capped(c, table) for c in mix}
+        self.width = choose_width(mix, curves, self.widths, step_s, steps).width
+        return self.width
+
+    def _capped(self, category: str, table: PolicyTable) -> tuple[float, ...]:
+        curve = self.curve(category, table)
+        rule = table.rule_for(category)
+        if rule.source == "override" and rule.fixed and rule.k < len(curve) - 1:
+            # an operator's k caps what the category is credited with beyond it
+            return curve[: rule.k + 1]
+        return curve
+
+    def _pinned(self, mix: Mapping[str, int], table: PolicyTable) -> int | None:
+        ks = []
+        for category in mix:
+            rule = table.rule_for(category)
+            if rule.source != "override" or not rule.fixed:
+                return None
+            ks.append(rule.k)
+        if not ks:
+            return None
+        k = max(ks)
+        return max(w for w in self.widths if w <= k)

@@ -1,0 +1,103 @@
+"""Graph-shaped engines: one width per step for every request, chosen by the width rule from the policy."""
+
+from __future__ import annotations
+
+from engine_rig import Rig
+
+from controller import protocol
+from controller.core.model.widths import geometric_lengths
+from engine_patch.policy_table import EngineSpec
+from engine_patch.telemetry import row_to_wire
+from engine_patch.widths import WidthChooser
+
+CP = protocol.CategoryPolicy
+GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
+HIGH = list(geometric_lengths(0.85, 7))
+LOW = list(geometric_lengths(0.1, 7))
+
+
+def cells(step_ms: list[float], steps: float = 1e4) -> protocol.StepCells:
+    return protocol.StepCells(batch_edges=[4, 512], widths=[0, 1, 2, 4, 7], step_s=[[t / 1e3 for t in step_ms]] * 2,
+                              steps=[[steps] * 5] * 2)
+
+
+def install(rig: Rig, cell_table: protocol.StepCells | None, **categories: CP) -> None:
+    policy = protocol.Policy(version=1, issued_at=0.0, ttl_s=60.0, default=CP(k=4), categories=categories,
+                             step_cells=cell_table)
+    rig.holder.install(policy, rig.clock())
+
+
+def widths_seen(rig: Rig, steps: int) -> list[set[int]]:
+    out = []
+    for _ in range(steps):
+        rig.sim.step()
+        out.append({len(d) for d in rig.sim.last_output.scheduled_spec_decode_tokens.values()})
+    return out
+
+
+def test_every_request_of_a_step_verifies_one_width() -> None:
+    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(3):
+        rig.add(f"j{i}", "json")
+        rig.add(f"p{i}", "prose")
+    seen = widths_seen(rig, 12)
+    assert all(len(s) <= 1 for s in seen)  # uniform: never two widths in one step
+    assert rig.sim.last_output.num_spec_tokens_to_schedule in GRAPH.graph_widths
+
+
+def test_high_acceptance_cheap_cells_speculate_and_dear_cells_do_not() -> None:
+    cheap = Rig(GRAPH, correct={"json": 7})
+    install(cheap, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    cheap.add("a", "json")
+    widths_seen(cheap, 6)
+    assert cheap.sim.last_output.num_spec_tokens_to_schedule == 7  # E(7)=4.85 in 1.9x the time of plain
+
+    dear = Rig(GRAPH, correct={"json": 7})
+    install(dear, cells([23.0, 45.0, 60.0, 95.0, 160.0]), json=CP(k=4, expected=HIGH))
+    dear.add("a", "json")
+    widths_seen(dear, 6)
+    assert dear.sim.last_output.num_spec_tokens_to_schedule == 0
+
+
+def test_all_categories_pinned_by_overrides_fix_the_width() -> None:
+    rig = Rig(GRAPH, correct={"json": 7})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=3, expected=HIGH, source="override"))
+    rig.add("a", "json")
+    widths_seen(rig, 4)
+    assert rig.sim.last_output.num_spec_tokens_to_schedule == 2  # k=3 rounded down to the width set
+
+
+def test_static_config_keeps_the_engine_width_and_steps_report_it() -> None:
+    rig = Rig(GRAPH, correct={"json": 7})
+    rig.add("a", "json")
+    rig.add("b", "json")
+    widths_seen(rig, 5)
+    assert rig.sim.last_output.num_spec_tokens_to_schedule == 7
+    rows = [protocol.StepRecord.model_validate(row_to_wire(r)) for r in rig.queue.drain(100)]
+    decode = [r for r in rows if r.prefill_tokens == 0 and r.draft_tokens]
+    assert decode and all(r.width == 7 and r.draft_tokens == 7 * r.batch_size for r in decode)
+
+
+def test_exploration_is_bounded_and_visits_the_least_measured_cell() -> None:
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
+    rig = Rig(GRAPH)
+    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
+                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
+    install(rig, row, json=CP(k=4, expected=HIGH))
+    table = rig.holder.current(rig.clock())
+    chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(500)]
+    assert chosen.count(2) == 10 == chooser.explored  # 1 step in 50, on the unmeasured width
+    assert set(chosen) == {4, 2}  # E(4)/T(4) edges out E(7)/T(7) on this row
+
+
+def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7)
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    table = rig.holder.current(rig.clock())
+    assert chooser.curve("json", table) == tuple(HIGH)
+    for _ in range(200):  # this engine sees every draft rejected
+        chooser.observe({("json", "eagle3"): [1, {7: [1, 0, 0, 0, 0, 0, 0, 0]}, None, None]})
+    blended = chooser.curve("json", table)
+    assert blended[7] < HIGH[7] and blended[7] >= 0.5 * HIGH[7] + 0.5 * 1.0 - 1e-9
