@@ -25,6 +25,11 @@ with one log line; the engine then runs its static speculative config, as withou
     ``num_spec_tokens_to_schedule``. At K = 0 the first pass still runs: it writes the drafter's KV cache for the
     step's tokens, without which later drafts would attend to holes (the failure TensorRT-LLM #16888 shows).
 
+    Measured on the H200 (bench/gpu/README.md): that pass makes a K = 0 step of an EAGLE-3 engine 6-10 % dearer
+    than a plain engine's step. ``SPECCTL_DRAFT_AT_ZERO=skip`` skips the drafter entirely on K = 0 steps: the step
+    then costs what plain decoding costs, and the drafter's KV cache misses the positions decoded at K = 0, which
+    lowers later acceptance of the requests that lived through them (the learned acceptance prices that in).
+
 ``SPECCTL_BACKPORTS``: ``auto`` (default: every backport that applies), ``off``, or a comma list of names.
 """
 
@@ -44,6 +49,7 @@ logger = logging.getLogger("vllm.specctl.backports")
 
 ENV = "SPECCTL_BACKPORTS"
 WIDTHS_ENV = "SPECCTL_GRAPH_WIDTHS"
+DRAFT_AT_ZERO_ENV = "SPECCTL_DRAFT_AT_ZERO"
 NAMES = ("drafter_graphs", "graph_widths", "full_graph_dispatch", "honour_width")
 #: Releases whose sources the wrappers were written against (exact versions: a patch release may move code).
 CHECKED = ("0.26.0",)
@@ -72,6 +78,8 @@ _TARGETS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
          ("for step in range(1, self.num_speculative_steps):",)),
         ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model",
          ("scheduler_output: SchedulerOutput", "dummy_run: bool = False")),
+        ("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator", "AutoRegressiveSpeculator.propose",
+         ("num_reqs = input_batch.num_reqs", "return self.draft_tokens[:num_reqs]")),
     ),
 }
 
@@ -175,6 +183,25 @@ def _install(st: BackportStatus) -> None:
         setattr(owner, attr, _wrap_multi_step_decode(original))
         owner, attr, original = _resolve("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model")
         setattr(owner, attr, _wrap_execute_model(original))
+        if skip_draft_at_zero():
+            owner, attr, original = _resolve("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator",
+                                             "AutoRegressiveSpeculator.propose")
+            setattr(owner, attr, _wrap_propose(original))
+
+
+def skip_draft_at_zero(environ: dict[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(DRAFT_AT_ZERO_ENV, "").strip().lower() == "skip"
+
+
+def _wrap_propose(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, WIDTH_ATTR, None) == 0 and not kwargs.get("dummy_run", False):
+            # the next step verifies no draft: leave the drafter idle (its KV cache misses these positions)
+            return self.draft_tokens[: input_batch.num_reqs]
+        return original(self, input_batch, *args, **kwargs)
+
+    return propose
 
 
 # -- candidates: drafter decode graphs, the width set, full graphs first -----------------------------------------

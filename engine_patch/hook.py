@@ -34,6 +34,7 @@ with placeholder drafts, ignoring any cap) is disabled by the scheduler at start
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import deque
@@ -48,6 +49,10 @@ from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, Po
 from engine_patch.proposers import PROPOSERS, TokenHistory
 from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_attempt, add_counterfactual, new_entry
 from engine_patch.widths import WidthChooser
+
+logger = logging.getLogger("vllm.specctl.engine")
+#: Seconds of engine clock between two overhead log lines (the GPU benchmark reads them from the engine log).
+OVERHEAD_LOG_EVERY_S = 30.0
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"
@@ -112,6 +117,20 @@ class HookStats:
     draft_ns: int = 0  # model-free drafting for categories that use it (a drafter's cost, not overhead)
     #: batch size -> [steps, hook ns, wall ns]
     by_batch: dict[int, list[int]] = field(default_factory=dict)
+    #: busy back-to-back steps: [steps, hook ns, seconds between step ends] (the step's cost under async scheduling)
+    busy: list[float] = field(default_factory=lambda: [0, 0, 0.0])
+    busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0])  # the same for batches of 128+
+
+    def record_busy(self, batch: int, hook_ns: int, interval_s: float) -> None:
+        for acc in (self.busy, self.busy_large) if batch >= 128 else (self.busy,):
+            acc[0] += 1
+            acc[1] += hook_ns
+            acc[2] += interval_s
+
+    def overhead_line(self) -> str:
+        def share(acc: list[float]) -> str:
+            return f"{100 * acc[1] / 1e9 / acc[2]:.2f} % of {int(acc[0])} steps" if acc[2] > 0 else "no steps"
+        return f"hook {share(self.busy)}; at batch >= 128: {share(self.busy_large)}"
 
     def record(self, batch: int, hook_ns: int, wall_ns: int) -> None:
         self.steps += 1
@@ -182,6 +201,7 @@ class SpecHook:
         self._cf_cursor = 0
         self.widths = WidthChooser(engine.graph_widths, engine.k_max) if engine.graph_widths else None
         self._last_end: float | None = None
+        self._last_log = clock()
 
     # -- per-request rule ------------------------------------------------------------------------------
 
@@ -494,6 +514,11 @@ class SpecHook:
             credit = self._cf_credit_ns + left
             self._cf_credit_ns = min(max(credit, -CF_CREDIT_CAP_NS), CF_CREDIT_CAP_NS)
         self.stats.record(batch, hook_ns, wall_ns)
+        if interval is not None:
+            self.stats.record_busy(batch, hook_ns, interval)
+        if now - self._last_log >= OVERHEAD_LOG_EVERY_S:
+            self._last_log = now
+            logger.info("specctl: overhead since start: %s", self.stats.overhead_line())
 
     # -- helpers for tests and the benchmark -----------------------------------------------------------
 

@@ -32,10 +32,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
-from shapes import EngineConfig, plan  # noqa: E402
-from table import load, render, targets  # noqa: E402
-from tap import Tap  # noqa: E402
+if __package__:  # imported as bench.gpu.run_bench (the steady-load sweep reuses its controller launcher)
+    from .shapes import EngineConfig, plan
+    from .table import load, render, targets
+    from .tap import Tap
+else:  # run as a script: bench/gpu/run_bench.py
+    sys.path.insert(0, str(HERE))
+    from shapes import EngineConfig, plan
+    from table import load, render, targets
+    from tap import Tap
 
 #: Seconds assumed for an engine start (8B dummy weights with torch.compile and CUDA graphs took 27-90 s on the H200).
 STARTUP_GUESS_S = 90.0

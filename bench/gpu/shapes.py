@@ -3,7 +3,8 @@
 The target is shaped like Llama-3-8B and the draft like a 4-layer, hidden-2048 Llama of the same vocabulary, both
 with random weights (``load_format="dummy"``, only a config.json on disk): the step costs are those of the real
 shapes while acceptance is set exactly by vLLM's synthetic rejection sampler, per-position unconditional rates
-``p_i = beta**(i+1)``. ``tiny`` shapes exist only so that the harness can be exercised on a CPU.
+``p_i = beta**(i+1)``. The steady-load benchmark (``steady.py``, model runner V2) drafts with an EAGLE-3 head
+instead (role ``eagle3``). ``tiny`` shapes exist only so that the harness can be exercised on a CPU.
 """
 
 from __future__ import annotations
@@ -51,24 +52,46 @@ SHAPES = {
     "8b": {
         "target": LlamaShape(4096, 14336, 32, 32, 8, 128256),
         "draft": LlamaShape(2048, 8192, 4, 16, 8, 128256),
+        # EAGLE-3 head of the target (model runner V2 benchmarks): one decoder layer of the target's width, heads
+        # and vocabulary, fed the target's hidden states.
+        "eagle3": LlamaShape(4096, 14336, 1, 32, 8, 128256),
     },
     # CPU smoke test of the harness only: tiny, same structure.
     "tiny": {
         "target": LlamaShape(256, 512, 2, 4, 2, 4096),
         "draft": LlamaShape(128, 256, 1, 2, 1, 4096),
+        "eagle3": LlamaShape(256, 512, 1, 4, 2, 4096),
     },
 }
+#: vLLM's architecture name for a Llama EAGLE-3 head (``LlamaForCausalLMEagle3`` -> ``Eagle3LlamaForCausalLM``).
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: The head reads the target's hidden states after three layers by default, (2, L/2, L-3): a 2-layer tiny target
+#: has only one of them to give, so the tiny head is told to read one (the 8B keeps vLLM's default).
+EAGLE3_AUX = {"tiny": {"eagle_aux_hidden_state_layer_ids": [1], "num_aux_hidden_states": 1}}
+
+
+def model_config(shape: str, role: str) -> dict:
+    """config.json of one role of a shape; the EAGLE-3 head keeps the full vocabulary (no draft vocab map)."""
+    config = SHAPES[shape][role].config()
+    if role == "eagle3":
+        config["architectures"] = [EAGLE3_ARCHITECTURE]
+        config["draft_vocab_size"] = config["vocab_size"]
+        config["target_hidden_size"] = SHAPES[shape]["target"].hidden_size
+        config.update(EAGLE3_AUX.get(shape, {}))
+    return config
+
+
+def write_model(root: Path, shape: str, role: str) -> Path:
+    """The config.json folder of one role (weights are dummy: vLLM initialises them)."""
+    folder = root / f"{shape}-{role}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model_config(shape, role), indent=1))
+    return folder
 
 
 def write_models(root: Path, shape: str) -> tuple[Path, Path]:
     """config.json folders for the target and the draft (weights are dummy: vLLM initialises them)."""
-    dirs = []
-    for role in ("target", "draft"):
-        folder = root / f"{shape}-{role}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(SHAPES[shape][role].config(), indent=1))
-        dirs.append(folder)
-    return dirs[0], dirs[1]
+    return write_model(root, shape, "target"), write_model(root, shape, "draft")
 
 
 def acceptance_rates(beta: float, k: int) -> list[float]:

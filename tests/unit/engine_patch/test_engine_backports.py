@@ -136,3 +136,17 @@ def test_source_check_names_what_moved(monkeypatch) -> None:
     assert "no longer contains" in backports.source_problem("honour_width")
     monkeypatch.setitem(backports._TARGETS, "honour_width", (("no_such_module_here", "f", ()),))
     assert "ModuleNotFoundError" in backports.source_problem("honour_width")
+
+
+def test_skip_at_zero_leaves_the_drafter_idle_only_on_zero_width_steps() -> None:
+    calls = []
+    wrapped = backports._wrap_propose(lambda self, batch, *a, **k: calls.append(batch.num_reqs) or "drafted")
+    speculator = SimpleNamespace(draft_tokens=list(range(10)))
+    batch = SimpleNamespace(num_reqs=3)
+    setattr(speculator, backports.WIDTH_ATTR, 0)
+    assert wrapped(speculator, batch) == [0, 1, 2] and calls == []
+    assert wrapped(speculator, batch, dummy_run=True) == "drafted"
+    setattr(speculator, backports.WIDTH_ATTR, 2)
+    assert wrapped(speculator, batch) == "drafted" and calls == [3, 3]
+    assert backports.skip_draft_at_zero({backports.DRAFT_AT_ZERO_ENV: "skip"})
+    assert not backports.skip_draft_at_zero({})

@@ -101,3 +101,13 @@ def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
         chooser.observe({("json", "eagle3"): [1, {7: [1, 0, 0, 0, 0, 0, 0, 0]}, None, None]})
     blended = chooser.curve("json", table)
     assert blended[7] < HIGH[7] and blended[7] >= 0.5 * HIGH[7] + 0.5 * 1.0 - 1e-9
+
+
+def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
+    from engine_patch.hook import HookStats
+
+    stats = HookStats()
+    assert stats.overhead_line() == "hook no steps; at batch >= 128: no steps"
+    stats.record_busy(4, 10_000, 0.005)  # 10 us of hook in a 5 ms step
+    stats.record_busy(256, 100_000, 0.025)
+    assert stats.overhead_line() == "hook 0.37 % of 2 steps; at batch >= 128: 0.40 % of 1 steps"

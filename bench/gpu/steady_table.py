@@ -1,0 +1,199 @@
+"""Tables of the steady-load sweep: goodput per profile, its spread, and the premise check.
+
+Per profile, rows are engines and columns concurrencies; a cell is ``median (min-max) r_plain / r_best``: the
+median of the timed rounds' tok/s, their range, and the ratios of the median to plain decoding's and to the best
+static setting's (plain or static k, chosen per cell in hindsight) of the same run. The mixed profile also
+shows the oracle (each category pinned to its own best static k). Ratios only ever compare rows of one results
+file (one machine, one session).
+
+    python3 -m bench.gpu.steady_table RESULTS.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from bench.gpu.shapes import CONCURRENCY
+from bench.gpu.steady_plan import (
+    ORACLE,
+    PLAIN,
+    PREMISE,
+    PREMISE_CONCURRENCY,
+    PREMISE_KS,
+    PREMISE_PROFILE,
+    PROFILE_CATEGORIES,
+    STATIC_CHOICES,
+    STEADY_PROFILES,
+    engines,
+    load_results,
+    static_name,
+)
+
+ROW_ORDER = tuple(e.name for e in engines())
+#: a point whose rounds differ by more than this share of their median is called out
+SPREAD_NOTE = 0.05
+
+
+def best_static(rows: dict, profile: str, c: int) -> tuple[str, float] | None:
+    """(engine, median tok/s) of the best static setting of one point."""
+    found = [(rows[(name, profile, c)]["tok_per_s_median"], name) for name in STATIC_CHOICES
+             if (name, profile, c) in rows and rows[(name, profile, c)].get("tok_per_s_median")]
+    if not found:
+        return None
+    tps, name = max(found)
+    return name, tps
+
+
+def cell(rows: dict, engine: str, profile: str, c: int) -> str:
+    row = rows.get((engine, profile, c))
+    if row is None or row.get("tok_per_s_median") is None:
+        return "-"
+    med = row["tok_per_s_median"]
+    text = f"{med:.0f} ({row['tok_per_s_min']:.0f}-{row['tok_per_s_max']:.0f})"
+    plain = rows.get((PLAIN, profile, c), {}).get("tok_per_s_median")
+    best = best_static(rows, profile, c)
+    ratios = [f"{med / plain:.2f}" if plain else "-", f"{med / best[1]:.2f}" if best else "-"]
+    return f"{text} {ratios[0]} / {ratios[1]}"
+
+
+def engine_order(rows: dict, profile: str) -> list[str]:
+    present = {name for (name, p, _) in rows if p == profile}
+    order = [name for name in ROW_ORDER if name in present]
+    if profile == "mixed" and ORACLE in present:
+        order.append(ORACLE)
+    return order + sorted(present - set(order) - {n for n in present if n.startswith(PREMISE)})
+
+
+def profile_table(rows: dict, profile: str, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
+    header = "| engine | " + " | ".join(f"c={c}" for c in concurrency) + " |"
+    lines = [header, "|---|" + "---|" * len(concurrency)]
+    for name in engine_order(rows, profile):
+        lines.append(f"| {name} | " + " | ".join(cell(rows, name, profile, c) for c in concurrency) + " |")
+    best = []
+    for c in concurrency:
+        found = best_static(rows, profile, c)
+        best.append(found[0] if found else "-")
+    lines.append("| best static | " + " | ".join(best) + " |")
+    return "\n".join(lines)
+
+
+def category_table(rows: dict, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
+    """The mixed profile's goodput split by category: median tok/s of high / low requests."""
+    cats = PROFILE_CATEGORIES["mixed"]
+    lines = ["| engine | " + " | ".join(f"c={c}" for c in concurrency) + " |", "|---|" + "---|" * len(concurrency)]
+    for name in engine_order(rows, "mixed"):
+        cells = []
+        for c in concurrency:
+            by_cat = (rows.get((name, "mixed", c)) or {}).get("tok_per_s_by_category") or {}
+            meds = [by_cat.get(cat, {}).get("median") if by_cat.get(cat) else None for cat in cats]
+            cells.append("-" if all(m is None for m in meds) else " / ".join("-" if m is None else f"{m:.0f}"
+                                                                             for m in meds))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def oracle_pins(rows: dict, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
+    pins = []
+    for c in concurrency:
+        row = rows.get((ORACLE, "mixed", c))
+        if row and row.get("pins"):
+            pins.append(f"c={c}: " + ", ".join(f"{cat} k={k}" for cat, k in sorted(row["pins"].items())))
+    return "oracle pins: " + "; ".join(pins) if pins else ""
+
+
+def spread_table(rows: dict, profile: str, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
+    lines = ["| engine | " + " | ".join(f"c={c}" for c in concurrency) + " |", "|---|" + "---|" * len(concurrency)]
+    for name in engine_order(rows, profile):
+        cells = []
+        for c in concurrency:
+            row = rows.get((name, profile, c))
+            spread = row.get("tok_per_s_spread") if row else None
+            cells.append("-" if spread is None else f"{spread:.1%}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread_statement(rows: dict) -> str:
+    """One sentence on run-to-run spread over every point: (max - min) / median of its rounds."""
+    spreads = [(r["tok_per_s_spread"], key) for key, r in rows.items() if r.get("tok_per_s_spread") is not None]
+    if not spreads:
+        return "spread: no rows"
+    values = [s for s, _ in spreads]
+    worst, (name, profile, c) = max(spreads)
+    noted = sorted((key for s, key in spreads if s > SPREAD_NOTE), key=lambda k: (k[1], k[0], k[2]))
+    rounds = {len(r.get("rounds", [])) for r in rows.values()}
+    text = (f"spread (max-min)/median of each point's {'/'.join(map(str, sorted(rounds)))} timed rounds, over "
+            f"{len(values)} points: median {statistics.median(values):.1%}, largest {worst:.1%} "
+            f"({name}, {profile}, c={c})")
+    if noted:
+        text += f"; above {SPREAD_NOTE:.0%}: " + ", ".join(f"{n} {p} c={cc}" for n, p, cc in noted)
+    return text + "."
+
+
+def premise_table(rows: dict) -> str:
+    """Pinned width K in the specctl engine against the static-K engine: mean step ms, and full-graph shares."""
+    lines = ["| K | " + " | ".join(f"c={c}: pinned / static ms (ratio), full graphs" for c in PREMISE_CONCURRENCY)
+             + " |", "|---|" + "---|" * len(PREMISE_CONCURRENCY)]
+    for k in PREMISE_KS:
+        cells = []
+        for c in PREMISE_CONCURRENCY:
+            pinned = rows.get((f"{PREMISE}-k{k}", PREMISE_PROFILE, c), {})
+            static = rows.get((static_name(k), PREMISE_PROFILE, c), {})
+            a, b = pinned.get("mean_step_ms_median"), static.get("mean_step_ms_median")
+            if a is None:
+                cells.append("-")
+                continue
+            ratio = f" ({a / b:.2f})" if b else ""
+            shares = "/".join("-" if r.get("full_share") is None else f"{r['full_share']:.0%}" for r in (pinned, static))
+            cells.append(f"{a:.2f} / {b:.2f}{ratio}, {shares}" if b else f"{a:.2f} / -, {shares}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def failures_text(failures: dict) -> str:
+    return "\n".join(f"{name}: did not start (exit {row.get('rc')}): {row.get('error', '')[:300]}"
+                     for name, row in sorted(failures.items()))
+
+
+def render(path: Path) -> str:
+    rows, failures = load_results(path)
+    parts = []
+    for profile in STEADY_PROFILES:
+        if not engine_order(rows, profile):
+            continue
+        parts.append(f"**{profile}** output tok/s: median of the timed rounds (min-max), ratio to plain / to the "
+                     "best static setting")
+        parts.append(profile_table(rows, profile))
+        if profile == "mixed":
+            if oracle_pins(rows):
+                parts.append(oracle_pins(rows))
+            parts.append("**mixed** by category: median tok/s of " + " / ".join(PROFILE_CATEGORIES["mixed"])
+                         + " requests")
+            parts.append(category_table(rows))
+    if rows:
+        parts.append(spread_statement(rows))
+        for profile in STEADY_PROFILES:
+            if engine_order(rows, profile):
+                parts.append(f"spread per point, {profile}")
+                parts.append(spread_table(rows, profile))
+    if any(name.startswith(PREMISE) for (name, _, _) in rows):
+        parts.append("premise: mean target step ms, specctl pinned at K / static-K engine")
+        parts.append(premise_table(rows))
+    if failures:
+        parts.append(failures_text(failures))
+    return "\n\n".join(parts) if parts else f"no rows in {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path)
+    args = p.parse_args(argv)
+    print(render(args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Rendering of the steady-load tables from result rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.gpu.steady_table import best_static, cell, premise_table, render, spread_statement
+
+
+def row(engine: str, profile: str, c: int, med: float, lo: float, hi: float, **extra) -> dict:
+    return {"kind": "row", "engine": engine, "profile": profile, "concurrency": c, "tok_per_s_median": med,
+            "tok_per_s_min": lo, "tok_per_s_max": hi, "tok_per_s_spread": (hi - lo) / med,
+            "rounds": [{}, {}, {}], **extra}
+
+
+def results(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [
+    row("plain", "high", 1, 200.0, 198.0, 202.0, mean_step_ms_median=5.0, full_share=1.0),
+    row("k4", "high", 1, 500.0, 480.0, 550.0, mean_step_ms_median=7.0, full_share=1.0),
+    row("k2", "high", 1, 420.0, 410.0, 425.0, mean_step_ms_median=6.0, full_share=1.0),
+    row("specctl", "high", 1, 510.0, 500.0, 520.0),
+    row("plain", "mixed", 1, 200.0, 199.0, 201.0),
+    row("k4", "mixed", 1, 300.0, 290.0, 310.0),
+    row("oracle", "mixed", 1, 350.0, 340.0, 360.0, pins={"high": 4, "low": 0},
+        tok_per_s_by_category={"high": {"median": 250.0}, "low": {"median": 100.0}}),
+    row("premise-k4", "high", 1, 480.0, 470.0, 490.0, mean_step_ms_median=7.07, full_share=0.99),
+]
+
+
+def test_cell_has_median_range_and_both_ratios(tmp_path):
+    from bench.gpu.steady_plan import load_results
+
+    rows, _ = load_results(results(tmp_path, ROWS))
+    assert best_static(rows, "high", 1) == ("k4", 500.0)
+    assert cell(rows, "specctl", "high", 1) == "510 (500-520) 2.55 / 1.02"
+    assert cell(rows, "k7", "high", 1) == "-"
+
+
+def test_render_orders_engines_adds_oracle_to_mixed_and_keeps_premise_apart(tmp_path):
+    text = render(results(tmp_path, ROWS + [{"kind": "engine_error", "engine": "ktable", "rc": 1,
+                                              "error": "AssertionError: 0 < num_reqs"}]))
+    high = text.split("**high**")[1].split("**mixed**")[0]
+    assert [ln.split("|")[1].strip() for ln in high.splitlines() if ln.startswith("| ") and "engine" not in ln] == [
+        "plain", "k2", "k4", "specctl", "best static"]
+    mixed = text.split("**mixed**")[1].split("spread")[0]
+    assert "| oracle | 350 (340-360) 1.75 / 1.17 | - |" in mixed
+    assert "oracle pins: c=1: high k=4, low k=0" in text
+    assert "| oracle | 250 / 100 | - |" in text.split("by category")[1]
+    assert "premise-k4" not in high
+    assert "ktable: did not start (exit 1): AssertionError" in text
+
+
+def test_spread_statement_names_the_widest_point(tmp_path):
+    from bench.gpu.steady_plan import load_results
+
+    rows, _ = load_results(results(tmp_path, ROWS))
+    text = spread_statement(rows)
+    assert "largest 14.0% (k4, high, c=1)" in text
+    assert "above 5%: k4 high c=1" in text and "3 timed rounds" in text
+
+
+def test_premise_table_compares_step_times(tmp_path):
+    from bench.gpu.steady_plan import load_results
+
+    rows, _ = load_results(results(tmp_path, ROWS))
+    table = premise_table(rows)
+    assert "| 4 | 7.07 / 7.00 (1.01), 99%/100% | - |" in table
+    assert "| 0 | - | - |" in table
+
+
+def test_empty_results(tmp_path):
+    assert render(tmp_path / "none.jsonl").startswith("no rows")

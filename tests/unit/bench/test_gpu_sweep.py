@@ -1,0 +1,88 @@
+"""The sweep's plan per call, child environment, budget check and failure rows (no engine is started)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.gpu import steady_plan as plan
+from bench.gpu.sweep import REPO, child_env, error_row, parse, should_start, sweep_plan, timing_of
+
+BY_NAME = {e.name: e for e in plan.engines()}
+
+
+def env_for(name: str, tmp_path, **kw):
+    url = "http://127.0.0.1:9" if BY_NAME[name].specctl else None
+    return child_env(BY_NAME[name], {"PYTHONPATH": "/site"}, dist_dir=tmp_path / "dist",
+                     dispatch_file=tmp_path / "d.json", controller_url=url, model_runner="v2", **kw)
+
+
+def test_static_engines_load_only_the_bench_plugin_and_report_nowhere(tmp_path):
+    env = env_for("k4", tmp_path)
+    assert env["VLLM_PLUGINS"] == "specctl_bench"
+    assert env["SPECCTL_CONTROLLER_URL"] == "off"
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert env["PYTHONPATH"].split(":") == [str(tmp_path / "dist"), str(REPO), "/site"]
+    assert json.loads(env["SPECCTL_BENCH_ACCEPT"]) == {"high": 0.85, "low": 0.45}
+    assert env["SPECCTL_BENCH_DISPATCH_FILE"] == str(tmp_path / "d.json")
+    assert "SPECCTL_BACKPORTS" not in env
+
+
+def test_ktable_loads_specctl_for_its_backports_with_the_stock_scheduler(tmp_path):
+    env = env_for("ktable", tmp_path)
+    assert env["VLLM_PLUGINS"] == "specctl,specctl_bench" and env["SPECCTL_BACKPORTS"] == "1"
+    assert env["SPECCTL_CONTROLLER_URL"] == "off"
+    assert env_for("ktable", tmp_path, backports="drafter_graphs")["SPECCTL_BACKPORTS"] == "drafter_graphs"
+
+
+def test_specctl_reports_to_the_controller_without_counterfactual_scoring(tmp_path):
+    env = env_for("specctl", tmp_path)
+    assert env["VLLM_PLUGINS"] == "specctl,specctl_bench"
+    assert env["SPECCTL_CONTROLLER_URL"] == "http://127.0.0.1:9"
+    assert env["SPECCTL_COUNTERFACTUAL_SHARE"] == "0"
+
+
+def test_default_plan_only_premise_and_oracle():
+    args = parse(["--results", "r.jsonl"])
+    assert [e.name for e, _ in sweep_plan(args, {})] == [e.name for e in plan.engines()]
+    assert all(len(points) == 15 for _, points in sweep_plan(args, {}))
+    args = parse(["--results", "r.jsonl", "--only", "plain,k4", "--profiles", "mixed", "--concurrency", "1,64"])
+    assert [(e.name, [p.key for p in pts]) for e, pts in sweep_plan(args, {})] == [
+        ("plain", [("plain", "mixed", 1), ("plain", "mixed", 64)]), ("k4", [("k4", "mixed", 1), ("k4", "mixed", 64)])]
+    premise = sweep_plan(parse(["--results", "r.jsonl", "--premise"]), {})
+    assert [e.name for e, _ in premise] == ["premise"] and len(premise[0][1]) == 8
+    rows = {("k4", "high", 1): {"tok_per_s_median": 5.0}, ("plain", "low", 1): {"tok_per_s_median": 2.0}}
+    oracle = sweep_plan(parse(["--results", "r.jsonl", "--oracle", "--only", "plain"]), rows)
+    assert [e.name for e, _ in oracle] == ["plain", "oracle"] and [p.pins for p in oracle[1][1]] == [
+        (("high", 4), ("low", 0))]
+    assert [e.name for e, _ in sweep_plan(parse(["--results", "r", "--only", "oracle"]), rows)] == ["oracle"]
+    assert [e.name for e, _ in sweep_plan(parse(["--results", "r", "--only", "premise"]), rows)] == ["premise"]
+
+
+def test_timing_follows_the_options():
+    t = timing_of(parse(["--results", "r", "--round-s", "7", "--rounds", "4", "--learn-s", "12"]))
+    assert (t.round_s, t.rounds, t.learn_s, t.relearn_s, t.warmup_s) == (7, 4, 12, 6, 3)
+
+
+@pytest.mark.parametrize("allow_partial, budget_s, expected", [(False, 10_000, True), (False, 200, False),
+                                                               (True, 200, True), (True, 50, False)])
+def test_an_engine_starts_only_when_its_points_fit(allow_partial, budget_s, expected):
+    timing = plan.Timing()
+    points = plan.engine_points(BY_NAME["k2"], timing=timing)  # 90 s start + 15 x 21 s
+    assert should_start(points, {}, timing, 1000.0 + budget_s, allow_partial, now=1000.0) is expected
+
+
+def test_error_row_keeps_the_cause(tmp_path):
+    log = tmp_path / "ktable.log"
+    log.write_text("INFO fine\nWARNING something Error-ish\nAssertionError: 0 < num_reqs <= num_tokens\nbye\n")
+    row = error_row(BY_NAME["ktable"], 1, log)
+    assert row["kind"] == "engine_error" and row["engine"] == "ktable" and row["rc"] == 1
+    assert row["error"] == "AssertionError: 0 < num_reqs <= num_tokens"
+    rows, failures = plan.load_results(_write(tmp_path / "r.jsonl", row))
+    assert not rows and failures["ktable"]["error"].startswith("AssertionError")
+
+
+def _write(path, row):
+    path.write_text(json.dumps(row) + "\n")
+    return path
