@@ -66,8 +66,15 @@ CLI_ARGS = ("vllm/entrypoints/openai/cli_args.py", "vllm/entrypoints/launchers/c
 #: The chat request model moved too (``vllm_xargs``).
 CHAT_PROTOCOL = (CHAT, "vllm/entrypoints/openai/protocol.py")
 
+# ROCm deploy files (deploy/compose/compose.rocm.yaml, deploy/k8s/overlays/rocm): --attention-backend ROCM_AITER_FA.
+ARG_UTILS = "vllm/engine/arg_utils.py"
+ROCM = "vllm/platforms/rocm.py"
+BACKENDS = "vllm/v1/attention/backends/registry.py"
+AITER_FA = "vllm/v1/attention/backends/rocm_aiter_fa.py"
+
 FILES = (SCHED, ASYNC, OUTPUT, REQUEST, OUTPUTS, MRV1, MRV2, STRUCT, SAMPLING, CONF_SCHED, CONF_VLLM, CONF_SPEC,
-         CONF_PAR, CONF_MODEL, CONF_COMP, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL)
+         CONF_PAR, CONF_MODEL, CONF_COMP, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS,
+         AITER_FA)
 
 
 class SourceError(Exception):
@@ -582,6 +589,15 @@ CHECKS: tuple[Check, ...] = (
           text_in(MRV2, r"scheduler_output\.num_spec_tokens_to_schedule", "read of num_spec_tokens_to_schedule"),
           since=(0, 32), fallback="the V2 model runner drafts num_speculative_tokens every step: a lower depth "
           "still caps what is verified, but does not cut drafting work"),
+    # ROCm deploy files: speculation on the AITER flash-attention backend.
+    Check("--attention-backend option", "deploy ROCm files pass --attention-backend=ROCM_AITER_FA",
+          text_in(ARG_UTILS, r"[\"']--attention-backend[\"']", "--attention-backend argument")),
+    Check("AttentionBackendEnum.ROCM_AITER_FA", "deploy ROCm files name it",
+          text_in(BACKENDS, r"^\s+ROCM_AITER_FA\s*=", "ROCM_AITER_FA member")),
+    Check("ROCM_AITER_FA treats verify steps as decode", "speculation on ROCM_AITER_FA (deploy/README.md)",
+          text_in(AITER_FA, r"supports_spec_as_decode=True", "supports_spec_as_decode=True")),
+    Check("ROCM_AITER_FA has a multi-token decode path", "verify steps (1+k tokens per request) on ROCM_AITER_FA",
+          text_in(AITER_FA, r"decode_max_query_len > 1", "decode_max_query_len > 1 branch")),
 )
 
 
@@ -616,8 +632,36 @@ NOTES = (
 )
 
 
+def rocm_default_order(src: Sources) -> str | None:
+    """Where vLLM's ROCm platform ranks ROCM_ATTN and ROCM_AITER_FA for standard attention, as a note."""
+    tree = src.tree(ROCM)
+    if tree is None:
+        return None
+    func = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_get_backend_priorities"),
+                None)
+    if func is None:
+        return None
+    order: list[tuple[int, str]] = []
+    for node in ast.walk(func):
+        if calls("backends.append")(node) and node.args and isinstance(node.args[0], ast.Attribute):
+            order.append((node.lineno, node.args[0].attr))
+    order.sort()
+    names = [name for _, name in order]
+    if "ROCM_ATTN" not in names or "ROCM_AITER_FA" not in names:
+        return None
+    line = {name: ln for ln, name in order}
+    if names.index("ROCM_ATTN") < names.index("ROCM_AITER_FA"):
+        return (f"ROCm default order ({ROCM}:{line['ROCM_ATTN']},{line['ROCM_AITER_FA']}): ROCM_ATTN before "
+                "ROCM_AITER_FA, so the deploy files' --attention-backend=ROCM_AITER_FA is still needed")
+    return (f"ROCm default order ({ROCM}:{line['ROCM_AITER_FA']}): ROCM_AITER_FA now ranks first; the deploy "
+            "files' --attention-backend flag may be dropped for this release")
+
+
 def notes_for(src: Sources) -> list[str]:
     lines = []
+    rocm = rocm_default_order(src)
+    if rocm:
+        lines.append(rocm)
     for since, name, path, pattern, text in NOTES:
         found = text_in(path, pattern, name)(src)
         if found.ok:
