@@ -167,6 +167,21 @@ def _service_families(runtime: Any) -> list[Metric]:
                      "(learning a crash would lose)", [])
         age.add_metric([], max(0.0, runtime.clock.now() - runtime.last_snapshot_ts))
         families.append(age)
+    recorder = getattr(runtime, "recorder", None)
+    if recorder is not None:  # only while recording is on (SPECCTL_RECORD_DIR)
+        stats = recorder.stats
+        for name, doc, value in (
+            ("specctl_recorder_batches", "Telemetry batches written to the recording", stats.batches),
+            ("specctl_recorder_dropped", "Telemetry batches not recorded: the recorder's queue was full", stats.dropped),
+            ("specctl_recorder_errors", "Recorder write or delete failures (logged)", stats.errors),
+        ):
+            family = _counter(name, doc, [])
+            family.add_metric([], value)
+            families.append(family)
+        size = _gauge("specctl_recorder_bytes", "Bytes the recordings take in SPECCTL_RECORD_DIR (closed files; "
+                      "refreshed at each rotation)", [])
+        size.add_metric([], stats.bytes_on_disk)
+        families.append(size)
     return families
 
 
