@@ -174,8 +174,8 @@ def _axes(title: str, x_label: str, y_label: str, y_max: float, y_ticks: int = 4
            f'<line x1="{PAD_L}" y1="{H - PAD_B}" x2="{W - PAD_R}" y2="{H - PAD_B}" class="ax"/>',
            f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{H - PAD_B}" class="ax"/>',
            f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 4}" text-anchor="middle" class="l">{_esc(x_label)}</text>',
-           f'<text x="10" y="{(PAD_T + H - PAD_B) / 2}" text-anchor="middle" class="l" '
-           f'transform="rotate(-90 10 {(PAD_T + H - PAD_B) / 2})">{_esc(y_label)}</text>']
+           (f'<text x="10" y="{(PAD_T + H - PAD_B) / 2}" text-anchor="middle" class="l" '
+            f'transform="rotate(-90 10 {(PAD_T + H - PAD_B) / 2})">{_esc(y_label)}</text>')]
     for i in range(y_ticks + 1):
         v = y_max * i / y_ticks
         y = _y(v, y_max)
@@ -368,11 +368,11 @@ def render_html(data: Mapping[str, Any]) -> str:
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>specctl report: {_esc(data.get('model', ''))}</title>", f"<style>{CSS}</style></head><body>",
         f"<h1>specctl report: {_esc(data.get('model', ''))}</h1>",
-        f"<p>source: {_esc(data.get('source', ''))}; span {_esc(span)} s; "
-        f"{len(cats)} categories. Mean acceptance length = 1 + accepted draft tokens per verified draft "
-        "(vLLM's definition).</p>", notes,
-        "<table><tr><th>category</th><th>k</th><th>method</th><th>mean acceptance length</th>"
-        f"<th>request-steps</th><th>entropy</th></tr>{summary}</table>",
+        (f"<p>source: {_esc(data.get('source', ''))}; span {_esc(span)} s; "
+         f"{len(cats)} categories. Mean acceptance length = 1 + accepted draft tokens per verified draft "
+         "(vLLM's definition).</p>"), notes,
+        ("<table><tr><th>category</th><th>k</th><th>method</th><th>mean acceptance length</th>"
+         f"<th>request-steps</th><th>entropy</th></tr>{summary}</table>"),
         _overrides_section(data.get("overrides")),
         _timeline_section(data.get("timeline") or []),
         *(_category_section(v) for v in cats),

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine_patch import versions  # noqa: E402  (no vLLM import: versions reads package metadata only)
+from engine_patch import versions  # no vLLM import: versions reads package metadata only
 
 SIMPLE_INDEX = "https://pypi.org/simple/vllm/"
 CACHE = ROOT / ".cache" / "vllm-sources"
@@ -626,9 +626,9 @@ def run_checks(src: Sources, checks: Iterable[Check] = CHECKS) -> list[Outcome]:
 #: Release notes for the checked sources: vLLM names that are new in a release and what the patch does with them.
 NOTES = (
     ("0.33", "SchedulerOutput.skip_drafts", OUTPUT, r"^\s+skip_drafts\s*:",
-     "new in 0.33: set by schedule() when no scheduled request can use the next drafts; the V2 model runner then "
-     "drafts K=0. The patch leaves it as vLLM sets it (it only lowers num_spec_tokens_to_schedule, which K=0 "
-     "overrides), so the two compose."),
+     ("new in 0.33: set by schedule() when no scheduled request can use the next drafts; the V2 model runner "
+      "then drafts K=0. The patch leaves it as vLLM sets it (it only lowers num_spec_tokens_to_schedule, which "
+      "K=0 overrides), so the two compose.")),
 )
 
 
