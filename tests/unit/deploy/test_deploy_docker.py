@@ -128,7 +128,7 @@ def installed(tmp_path_factory) -> Path:
 
 
 def _dist_info(installed: Path) -> Path:
-    (info,) = installed.glob("specctl-*.dist-info")
+    (info,) = installed.glob("specctl_vllm-*.dist-info")
     return info
 
 
