@@ -253,6 +253,17 @@ def replay(ctx: typer.Context) -> None:
     raise typer.Exit(replay_module.main(list(ctx.args)))
 
 
+# -- bench -------------------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Measure your own requests on your endpoint(s), per configuration (see `specctl bench --help`)."""
+    from controller import bench_cli
+
+    raise typer.Exit(bench_cli.main(list(ctx.args)))
+
+
 # -- report ------------------------------------------------------------------------------------------
 
 
