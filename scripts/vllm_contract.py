@@ -56,6 +56,7 @@ CONF_SPEC = "vllm/config/speculative.py"
 CONF_PAR = "vllm/config/parallel.py"
 CONF_MODEL = "vllm/config/model.py"
 CONF_COMP = "vllm/config/compilation.py"
+CONF_DEVICE = "vllm/config/device.py"
 CORE = "vllm/v1/engine/core.py"
 PLUGINS = "vllm/plugins/__init__.py"
 CHAT = "vllm/entrypoints/openai/chat_completion/protocol.py"
@@ -73,7 +74,7 @@ BACKENDS = "vllm/v1/attention/backends/registry.py"
 AITER_FA = "vllm/v1/attention/backends/rocm_aiter_fa.py"
 
 FILES = (SCHED, ASYNC, OUTPUT, REQUEST, OUTPUTS, MRV1, MRV2, STRUCT, SAMPLING, CONF_SCHED, CONF_VLLM, CONF_SPEC,
-         CONF_PAR, CONF_MODEL, CONF_COMP, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS,
+         CONF_PAR, CONF_MODEL, CONF_COMP, CONF_DEVICE, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS,
          AITER_FA)
 
 
@@ -192,7 +193,8 @@ def from_release(version: str, cache: Path = CACHE, platform_tag: str = "manylin
     """The checked files of PyPI's ``vllm==version`` wheel, cached under ``cache/version``."""
     folder = cache / version
     stamp = folder / ".complete"
-    if stamp.is_file():
+    # The stamp lists the files fetched: a cache made before FILES grew is fetched again.
+    if stamp.is_file() and stamp.read_text().splitlines()[1:] == list(FILES):
         files = {path: (folder / path).read_text("utf-8") for path in FILES if (folder / path).is_file()}
         return Sources(f"vllm {version} (PyPI wheel, cached)", version, files)
     import httpx  # a dependency of specctl; imported here so the offline paths need nothing
@@ -218,7 +220,7 @@ def from_release(version: str, cache: Path = CACHE, platform_tag: str = "manylin
     for path, text in sources.files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_text(text, "utf-8")
-    stamp.write_text(sources.label + "\n")
+    stamp.write_text("\n".join([sources.label, *FILES]) + "\n")
     sources.label = f"vllm {version} (PyPI wheel {sources.label})"
     return sources
 
@@ -559,6 +561,20 @@ CHECKS: tuple[Check, ...] = (
         ("use_structured_output", "hook._draft_model_free"),
         ("is_finished", "hook.observe"),
     )),
+    *(Check(f"Request.{name}", "hook.observe skips stale drop-mode output as update_from_output does",
+            has_member(REQUEST, "Request", name), since=(0, 27),
+            fallback="0.26 marks a stale frame with Request.async_tokens_to_discard, which the hook does not read: "
+            "after a preemption under async scheduling the patch can count a stale frame's drafts that vLLM's "
+            "spec-decode counters skip (telemetry only; the step itself runs as vLLM runs it)")
+      for name in ("num_stale_output_tokens", "drop_stale_output")),
+    Check("update_from_output discards stale drop-mode output", "hook.observe mirrors it",
+          in_method(SCHED, S, "update_from_output", "request.drop_stale_output read", reads("request.drop_stale_output")),
+          since=(0, 27), fallback="see Request.num_stale_output_tokens"),
+    Check("EngineCore builds the scheduler with vllm_config=...", "SpecctlScheduler.__new__ reads kwargs['vllm_config']",
+          text_in(CORE, r"Scheduler\(\s*vllm_config=vllm_config", "Scheduler(vllm_config=...) call")),
+    Check("EngineCore loads general plugins", "engine_patch.plugin:register runs in EngineCore",
+          text_in(CORE, r"load_general_plugins\(\)", "load_general_plugins() call")),
+    Check("DeviceConfig.device_type", "runtime.full_cuda_graphs", has_member(CONF_DEVICE, "DeviceConfig", "device_type")),
     Check("SamplingParams.extra_args", "categories: vllm_xargs.specctl_category",
           has_member(SAMPLING, "SamplingParams", "extra_args")),
     Check("SamplingParams.structured_outputs", "categories: structured requests",

@@ -120,7 +120,7 @@ def test_cached_release_is_read_offline(tmp_path: Path) -> None:
     folder = tmp_path / "0.33.0"
     (folder / contract.SCHED).parent.mkdir(parents=True)
     (folder / contract.SCHED).write_text(SCHED_OK)
-    (folder / ".complete").write_text("x\n")
+    (folder / ".complete").write_text("\n".join(["x", *contract.FILES]) + "\n")
     src = contract.from_release("0.33.0", tmp_path)
     assert src.version == "0.33.0" and contract.SCHED in src.files
 
