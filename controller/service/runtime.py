@@ -95,7 +95,7 @@ class Runtime:
         with self._brain_lock:
             result: IngestResult = self._brain.ingest(batch, now)
             policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
-        if self.recorder is not None:
+        if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
             self.recorder.submit(batch)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
 

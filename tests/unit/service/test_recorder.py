@@ -100,6 +100,9 @@ def test_record_replay_report_end_to_end(tmp_path: Path, clock, capsys) -> None:
             clock.advance(0.5)
             answer = client.post("/v1/telemetry", json=batch(seq, steps, sent_at=clock.now()), headers=INGEST)
             assert answer.status_code == 200, answer.text
+        # a re-sent batch (same boot and seq) is a duplicate: not recorded twice
+        assert client.post("/v1/telemetry", json=batch(39, [], sent_at=clock.now()), headers=INGEST).json()[
+            "outcome"] == "duplicate"
         recorder = client.app.state.runtime.recorder
         assert recorder is not None
         metrics = client.get("/metrics").text
