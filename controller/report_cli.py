@@ -47,7 +47,58 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recording: cost preset the controller's fit starts from (default cpu)")
     p.add_argument("--out", type=Path, default=Path("specctl-report.html"), help="HTML file to write")
     p.add_argument("--json", type=Path, help="also write the report's data as JSON")
+    p.add_argument("--png", type=Path, help="also write the charts as PNG files into this folder (needs matplotlib: "
+                                            "pip install 'specctl-vllm[plots]')")
     return p
+
+
+def write_pngs(data: dict, folder: Path) -> list[Path]:
+    """The report's charts as PNG files (matplotlib): per category acceptance length, acceptance by position,
+    goodput against k; k over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for view in data["categories"]:
+        name = view["category"]
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+        dist = view.get("acceptance_length_distribution") or []
+        axes[0].bar([j + 1 for j in range(len(dist))], dist)
+        if view.get("mean_acceptance_length"):
+            axes[0].axvline(view["mean_acceptance_length"], color="red", linestyle="--",
+                            label=f"mean {view['mean_acceptance_length']:.2f}")
+            axes[0].legend()
+        axes[0].set(title=f"Acceptance length: {name}", xlabel="tokens per verified draft (1 + accepted)",
+                    ylabel="share of drafts")
+        pos = view.get("positions") or []
+        axes[1].bar([p["position"] for p in pos], [p["beta"] for p in pos],
+                    yerr=[[p["beta"] - p["ci_low"] for p in pos], [p["ci_high"] - p["beta"] for p in pos]])
+        axes[1].set(title="Conditional acceptance by position", xlabel="draft position", ylim=(0, 1))
+        table = (view.get("decision") or {}).get("goodput_table") or []
+        axes[2].plot([r["k"] for r in table], [r["goodput_tokens_per_s"] for r in table], marker="o")
+        axes[2].set(title="Estimated goodput vs k (current load)", xlabel="k", ylabel="tokens/s")
+        fig.tight_layout()
+        paths.append(folder / f"category_{name}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    rows = data.get("timeline") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(10, 3.8))
+        for series, style in (("ran", "-"), ("policy", "--")):
+            for cat in sorted({r["category"] for r in rows if r["series"] == series}):
+                pts = [(r["t_s"], r["k"]) for r in rows if r["series"] == series and r["category"] == cat]
+                ax.plot(*zip(*pts), style, drawstyle="steps-post" if series == "policy" else "default",
+                        label=f"{cat} ({series})")
+        ax.set(title="k over time", xlabel="seconds", ylabel="k")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(folder / "k_over_time.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
 
 
 def fetch_live(url: str, samples: int, interval: float, sleep: Callable[[float], None] = time.sleep,
@@ -105,6 +156,14 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.tim
         args.out.write_text(render_html(data), encoding="utf-8")
         if args.json:
             args.json.write_text(json.dumps(data, indent=1) + "\n")
+        if args.png:
+            try:
+                pngs = write_pngs(data, args.png)
+            except ImportError:
+                print("specctl report: --png needs matplotlib (pip install 'specctl-vllm[plots]'); the HTML was "
+                      "written", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"wrote {len(pngs)} PNG files into {args.png}")
     except OSError as exc:
         print(f"specctl report: cannot write: {exc}", file=sys.stderr)
         return EXIT_USAGE

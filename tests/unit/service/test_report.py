@@ -78,6 +78,15 @@ def test_bad_input_is_a_message_and_an_exit_code(argv, code, message, capsys) ->
     assert message in err and "Traceback" not in err
 
 
+def test_png_set(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rec = tmp_path / "r.jsonl"
+    rec.write_text("\n".join(b.model_dump_json() for b in recording()) + "\n")
+    assert report_cli.main([str(rec), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png")]) == 0
+    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
+        "category_chat.png", "category_code.png", "k_over_time.png"]
+
+
 def test_binary_recording_is_refused(tmp_path: Path, capsys) -> None:
     path = tmp_path / "steps.bin"
     path.write_bytes(bytes(range(256)))
