@@ -132,3 +132,14 @@ def test_real_wheels_pass(version: str) -> None:
         pytest.skip(f"no vllm {version} wheel in {WHEELS}")
     src = contract.from_wheel(wheels[0])
     assert [o.check.id for o in contract.run_checks(src) if o.failed] == []
+
+
+@pytest.mark.parametrize("version", contract.RELEASES)
+def test_cached_release_sources_pass(version: str) -> None:
+    """The sources `make check` cached (.cache/vllm-sources/): every supported release passes, offline."""
+    folder = contract.CACHE / version
+    stamp = folder / ".complete"
+    if not stamp.is_file() or stamp.read_text().splitlines()[1:] != list(contract.FILES):
+        pytest.skip(f"vllm {version} sources not cached (run make check once)")
+    src = contract.from_release(version)
+    assert [o.check.id for o in contract.run_checks(src) if o.failed] == []
