@@ -41,6 +41,8 @@ dashboards: venv
 	$(PY) -m dashboards.generate
 
 check: venv
+	# every vLLM name/signature the engine patch touches, in each supported release's sources (PyPI, cached)
+	$(PY) scripts/vllm_contract.py
 	$(PY) -m dashboards.generate --check
 	$(PY) -m controller.openapi --check
 	promtool test rules deploy/prometheus/tests/*.yml

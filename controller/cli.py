@@ -92,6 +92,8 @@ def serve(
     admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes [env SPECCTL_ADMIN_HOST]")] = None,
     admin_port: Annotated[int | None, typer.Option(help="port of the admin listener [env SPECCTL_ADMIN_PORT]")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error [env SPECCTL_LOG_LEVEL]")] = None,
+    record_dir: Annotated[Path | None, typer.Option(help="record every ingested telemetry batch here, gzip JSON lines, "
+                                                     "rotated and size-capped [env SPECCTL_RECORD_DIR; default off]")] = None,
 ) -> None:
     """Run the controller (HTTP API, metrics, SQLite store) until interrupted."""
     from controller.service.server import check_store
@@ -104,6 +106,7 @@ def serve(
             server={"host": host, "port": port, "log_level": log_level},
             auth={"insecure_dev": insecure_dev or None, "admin_host": admin_host, "admin_port": admin_port},
             store={"db": db},
+            record={"record_dir": record_dir},
         )
     except SettingsError as exc:
         _fail(f"cannot start: {exc}", EXIT_USAGE)
@@ -248,6 +251,28 @@ def replay(ctx: typer.Context) -> None:
     except ImportError:
         _fail("replay is not available in this installation", EXIT_USAGE)
     raise typer.Exit(replay_module.main(list(ctx.args)))
+
+
+# -- bench -------------------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Measure your own requests on your endpoint(s), per configuration (see `specctl bench --help`)."""
+    from controller import bench_cli
+
+    raise typer.Exit(bench_cli.main(list(ctx.args)))
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def report(ctx: typer.Context) -> None:
+    """One self-contained HTML report from a live controller or a recording (see `specctl report --help`)."""
+    from controller import report_cli
+
+    raise typer.Exit(report_cli.main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from controller.core.replay import (
     select_model,
 )
 from controller.protocol import TelemetryBatch
+from controller.recording import RecordingError, read_recording
 
 
 def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
@@ -68,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="What each policy (recorded, off, static k, goodput, EMA tiers, hindsight oracle) would have "
                     "done on recorded telemetry, per request category, and the goodput it would get.",
         epilog="example:\n  specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json")
-    p.add_argument("telemetry", nargs="+", type=Path, help="TelemetryBatch JSON lines (one batch per line)")
+    p.add_argument("telemetry", nargs="+", type=Path,
+                   help="recorded telemetry: TelemetryBatch JSON lines, plain or gzip (.jsonl / .jsonl.gz), or a "
+                        "folder of them (what `specctl serve --record-dir` writes)")
     p.add_argument("--requests", type=Path, action="append", default=[],
                    help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids}")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated subset of %(default)s")
@@ -90,11 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        batches: list[TelemetryBatch] = []
-        for path in args.telemetry:
-            batches += parse_telemetry(path.read_text().splitlines(), str(path))
+        batches = load_batches(args.telemetry)
         batches = select_model(batches, args.model)
-        traces = [t for path in args.requests for t in parse_requests(path.read_text().splitlines(), str(path))]
+        traces = [t for source, lines in read_recording(args.requests).parts for t in parse_requests(lines, source)]
         proposers: dict[str, whatif.Proposer] = {}
         if traces and batches:
             spec = batches[-1].spec
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
                         batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
                         timeline=args.timeline, category_floor=args.category_floor)
-    except OSError as exc:
+    except (OSError, RecordingError) as exc:
         print(f"specctl replay: {exc}", file=sys.stderr)
         return 2
     except ReplayError as exc:
@@ -117,6 +118,21 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
         print(f"\nwrote {args.json}")
     return 0
+
+
+def load_batches(paths: Sequence[Path]) -> list[TelemetryBatch]:
+    """Every batch of the recordings (files or folders, plain or gzip), with the reader's notes on stderr.
+
+    Raises :class:`RecordingError` / :class:`ReplayError` with the file (and line) at fault."""
+    recording = read_recording(paths)
+    for note in recording.notes:
+        print(f"note: {note}", file=sys.stderr)
+    batches: list[TelemetryBatch] = []
+    for source, lines in recording.parts:
+        batches += parse_telemetry(lines, source)
+    if not batches:
+        raise ReplayError(f"no telemetry batches in {', '.join(map(str, paths))}")
+    return batches
 
 
 def _jsonable(x):

@@ -30,9 +30,14 @@ ov = Promql(OVERRIDE)
 
 
 def accepted_per_draft(by: str = "") -> str:
-    """Accepted draft tokens per verified draft, the controller's "mean acceptance length" (``specctl
-    status``). vLLM's dashboards show 1 + this (they count the bonus token)."""
+    """Accepted draft tokens per verified draft (0 … k). The mean acceptance length is 1 + this."""
     return q.ratio(m.ACCEPTED, m.DRAFTS, by=by)
+
+
+def mean_acceptance_length(by: str = "") -> str:
+    """Mean acceptance length, vLLM's definition (it counts the bonus token): 1 + accepted per draft (1 … k+1),
+    the same quantity as ``specctl_mean_acceptance_length`` and ``specctl status`` "mean acc len"."""
+    return f"1 + {accepted_per_draft(by)}"
 
 
 def _summary(layout: Layout) -> None:
@@ -52,8 +57,8 @@ def _summary(layout: Layout) -> None:
         ),
         stat(
             "Accepted tokens per draft",
-            "Accepted draft tokens per verified draft over the selected categories (0 … k). vLLM's "
-            f"\"acceptance length\" is 1 + this.\n\nMetrics: `{m.ACCEPTED}`, `{m.DRAFTS}`",
+            "Accepted draft tokens per verified draft over the selected categories (0 … k). The mean "
+            f"acceptance length (vLLM's definition) is 1 + this.\n\nMetrics: `{m.ACCEPTED}`, `{m.DRAFTS}`",
             accepted_per_draft(),
             unit="short",
             decimals=2,
@@ -89,15 +94,16 @@ def _summary(layout: Layout) -> None:
 
 
 def _acceptance(layout: Layout) -> None:
-    layout.row("Acceptance-length distribution per category")
+    layout.row("Accepted tokens per draft, distribution per category")
     layout.add(
         heatmap(
-            "Acceptance-length histogram: $category",
-            "How many draft tokens were accepted per verified draft (0 … k), over time, for one category "
+            "Accepted tokens per draft: $category",
+            "How many draft tokens were accepted per verified draft (0 … k; acceptance length = 1 + this), "
+            "over time, for one category "
             "(the panel repeats per selected category). Mass at 0 means drafts are wasted; mass at k means "
             "the category would accept longer drafts.\n\n"
-            f"Metric: `{m.ACCEPTED_LENGTH}_bucket`",
-            q.sum_rate(f"{m.ACCEPTED_LENGTH}_bucket", by="le"),
+            f"Metric: `{m.ACCEPTED_PER_DRAFT}_bucket`",
+            q.sum_rate(f"{m.ACCEPTED_PER_DRAFT}_bucket", by="le"),
             repeat="category",
         ),
         8,
@@ -132,12 +138,12 @@ def _acceptance(layout: Layout) -> None:
         ),
         timeseries(
             "Mean acceptance length",
-            "Accepted draft tokens per verified draft. Measured: from the counters, per category and method. "
-            "Learned: the controller's forgetting estimate for the category (`specctl status`, column "
-            "\"mean acc len\"). vLLM's \"acceptance length\" is 1 + this.\n\n"
+            "Mean acceptance length, vLLM's definition: 1 + accepted draft tokens per verified draft (1 … k+1). "
+            "Measured: from the counters, per category and method. Learned: the controller's forgetting "
+            "estimate for the category (`specctl status`, column \"mean acc len\").\n\n"
             f"Metrics: `{m.ACCEPTED}`, `{m.DRAFTS}`, `{m.MEAN_ACCEPTANCE_LENGTH}`",
             [
-                target(accepted_per_draft("category, method"), "measured · {{category}} · {{method}}"),
+                target(mean_acceptance_length("category, method"), "measured · {{category}} · {{method}}"),
                 target(q.agg("max", m.MEAN_ACCEPTANCE_LENGTH, by="category"), "learned · {{category}}"),
             ],
             decimals=2,

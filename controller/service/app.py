@@ -24,6 +24,7 @@ from controller.service.auth import AdminListener, Scope, TokenCheck
 from controller.service.clock import Clock, Sleep, SystemClock, real_sleep
 from controller.service.limits import BodyLimit
 from controller.service.metrics import SpecctlCollector
+from controller.service.recorder import Recorder
 from controller.service.routes import audit, categories, engines, health, metrics, overrides, policy, telemetry
 from controller.service.runtime import Runtime, restore_brain
 from controller.service.schemas import OverrideIn
@@ -73,6 +74,14 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await _open_runtime(settings, clock, brain_config)
+        if settings.record.record_dir is not None:
+            try:
+                recorder = Recorder(settings.record)
+                await to_thread.run_sync(recorder.start)
+            except BaseException:
+                runtime.store.close()
+                raise
+            runtime.recorder = recorder
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SpecctlCollector(runtime))
         app.state.registry = registry
@@ -92,6 +101,8 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
             except Exception:
                 log.exception("final snapshot failed")
             app.state.runtime = None
+            if runtime.recorder is not None:
+                await to_thread.run_sync(runtime.recorder.stop)  # closes the gzip file: a complete recording
             runtime.store.close()
 
     return lifespan

@@ -63,9 +63,11 @@ def _method_families(snapshot: Any) -> list[Metric]:
     return [*real.values(), per_pos, *scored.values(), match]
 
 
-def _accepted_length(snapshot: Any) -> HistogramMetricFamily:
+def _accepted_per_draft(snapshot: Any) -> HistogramMetricFamily:
     family = HistogramMetricFamily(
-        "specctl_accepted_length", "Accepted draft tokens per draft (real drafts, all methods)", labels=CAT
+        "specctl_accepted_tokens_per_draft",
+        "Accepted draft tokens per verified draft, 0..k (real drafts, all methods); the acceptance length is 1 + this",
+        labels=CAT
     )
     for row in snapshot.categories:
         buckets, running = [], 0
@@ -90,7 +92,8 @@ def _category_families(snapshot: Any) -> list[Metric]:
                     CAT + ["method", "source"])
     entropy_class = _gauge("specctl_entropy_class_info", "Entropy class of the category", CAT + ["entropy_class"])
     bits = _gauge("specctl_acceptance_entropy", "Shannon entropy of the acceptance-length distribution (unit: bits; the name avoids promtool's bits-vs-bytes lint)", CAT)
-    mean_len = _gauge("specctl_mean_acceptance_length", "Mean accepted draft tokens per draft (posterior)", CAT)
+    mean_len = _gauge("specctl_mean_acceptance_length", "Mean acceptance length, vLLM's definition: 1 + accepted "
+                      "draft tokens per verified draft (posterior, decayed)", CAT)
     beta = _gauge("specctl_conditional_acceptance", "Posterior P(accept position | all before accepted)",
                   CAT + ["position"])
     speedup = _gauge("specctl_estimated_speedup", "Estimated goodput of the decision over plain decoding", CAT)
@@ -112,7 +115,7 @@ def _category_families(snapshot: Any) -> list[Metric]:
             beta.add_metric(labels + [str(position)], value)
         if row.best_method is not None:
             best.add_metric(labels + [row.best_method], 1)
-    return [*totals.values(), _accepted_length(snapshot), k, method, entropy_class, bits, mean_len, beta, speedup,
+    return [*totals.values(), _accepted_per_draft(snapshot), k, method, entropy_class, bits, mean_len, beta, speedup,
             best]
 
 
@@ -164,6 +167,21 @@ def _service_families(runtime: Any) -> list[Metric]:
                      "(learning a crash would lose)", [])
         age.add_metric([], max(0.0, runtime.clock.now() - runtime.last_snapshot_ts))
         families.append(age)
+    recorder = getattr(runtime, "recorder", None)
+    if recorder is not None:  # only while recording is on (SPECCTL_RECORD_DIR)
+        stats = recorder.stats
+        for name, doc, value in (
+            ("specctl_recorder_batches", "Telemetry batches written to the recording", stats.batches),
+            ("specctl_recorder_dropped", "Telemetry batches not recorded: the recorder's queue was full", stats.dropped),
+            ("specctl_recorder_errors", "Recorder write or delete failures (logged)", stats.errors),
+        ):
+            family = _counter(name, doc, [])
+            family.add_metric([], value)
+            families.append(family)
+        size = _gauge("specctl_recorder_bytes", "Bytes the recordings take in SPECCTL_RECORD_DIR (closed files; "
+                      "refreshed at each rotation)", [])
+        size.add_metric([], stats.bytes_on_disk)
+        families.append(size)
     return families
 
 

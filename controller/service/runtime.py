@@ -80,6 +80,8 @@ class Runtime:
         self.store_error: str | None = None
         self.internal_errors = 0
         self._acks = AckEncoder()
+        #: the opt-in telemetry recorder (:mod:`controller.service.recorder`), set by the app's lifespan
+        self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
 
     # -- telemetry and policy (Brain, under its lock) -------------------------------------------------
@@ -93,6 +95,8 @@ class Runtime:
         with self._brain_lock:
             result: IngestResult = self._brain.ingest(batch, now)
             policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
+        if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
+            self.recorder.submit(batch)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
 
     def record_rejected(self, engine_id: str | None) -> None:

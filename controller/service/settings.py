@@ -7,7 +7,7 @@ the rest of the service receives (nothing reads the environment afterwards).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,42 @@ class StoreSettings(_Env):
     )
 
 
+class RecordSettings(_Env):
+    """The telemetry recorder (off unless ``record_dir`` is set; :mod:`controller.service.recorder`).
+
+    On disk the recordings take at most ``record_max_bytes`` plus the file being written."""
+
+    record_dir: Path | None = Field(
+        default=None,
+        description="folder for telemetry recordings (created if missing); unset = no recording (the default: "
+        "recordings hold every engine's step statistics and take disk space)",
+    )
+    record_max_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes the recordings may take in the folder (compressed); the oldest files are deleted "
+        "beyond it. 1 GiB holds days of one busy engine (a 100 ms batch is ~1-4 KiB, ~10x smaller gzipped)",
+    )
+    record_file_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="compressed bytes after which a file is closed and the next started; 64 MiB keeps files easy "
+        "to copy and lets the size cap delete in small steps",
+    )
+    record_queue_batches: int = Field(
+        default=10_000,
+        ge=10,
+        description="batches waiting for the writer; beyond it a batch is dropped (and counted) rather than "
+        "slowing ingest down; 10 000 is ~15 minutes of one engine",
+    )
+    record_flush_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=300,
+        description="seconds between flushes of the gzip stream: what a kill -9 can lose at most",
+    )
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     """Everything the service needs, validated once at start."""
@@ -128,6 +164,7 @@ class ServiceSettings:
     server: ServerSettings
     auth: AuthSettings
     store: StoreSettings
+    record: RecordSettings = field(default_factory=RecordSettings)
 
 
 class SettingsError(ValueError):
@@ -166,6 +203,7 @@ def load_settings(
     server: dict[str, Any] | None = None,
     auth: dict[str, Any] | None = None,
     store: dict[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> ServiceSettings:
     """Read the environment, apply non-None overrides (from the command line), validate everything.
 
@@ -173,7 +211,8 @@ def load_settings(
     """
     problems: list[str] = []
     parts: dict[str, Any] = {}
-    sources = (("server", ServerSettings, server), ("auth", AuthSettings, auth), ("store", StoreSettings, store))
+    sources = (("server", ServerSettings, server), ("auth", AuthSettings, auth), ("store", StoreSettings, store),
+               ("record", RecordSettings, record))
     for name, cls, given in sources:
         overrides = {k: v for k, v in (given or {}).items() if v is not None}
         try:

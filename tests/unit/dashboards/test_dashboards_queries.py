@@ -104,7 +104,7 @@ def test_substitute_refuses_leftovers():
 @pytest.mark.parametrize(
     ("exprs", "unknown"),
     [
-        (["specctl_accepted_length_bucket", "specctl_accepted_length_count"], []),
+        (["specctl_accepted_tokens_per_draft_bucket", "specctl_accepted_tokens_per_draft_count"], []),
         (["specctl_drafts_total_bucket"], ["specctl_drafts_total_bucket"]),
         (["specctl_nonexistent"], ["specctl_nonexistent"]),
         (["vllm:spec_decode_num_drafts_total", "vllm:num_requests_running"], ["vllm:num_requests_running"]),

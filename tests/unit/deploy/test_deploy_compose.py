@@ -75,6 +75,15 @@ def test_rocm_platform():
     assert "rocm" in engine["build"]["args"]["VLLM_IMAGE"]
 
 
+def test_rocm_runs_speculation_on_aiter_fa():
+    """compose.rocm.yaml repeats compose.yaml's engine command (an override list replaces it) plus the backend."""
+    base = load(COMPOSE / "compose.yaml")["services"]["engine"]["command"]
+    rocm = load(PLATFORMS["rocm"])["services"]["engine"]["command"]
+    assert rocm == [*base, "--attention-backend=${ATTENTION_BACKEND:-ROCM_AITER_FA}"]
+    assert "command" not in load(PLATFORMS["cuda"])["services"]["engine"]
+    assert not any(arg.startswith("--attention-backend") for arg in base)
+
+
 def test_cuda_platform():
     engine = load(PLATFORMS["cuda"])["services"]["engine"]
     (device,) = engine["deploy"]["resources"]["reservations"]["devices"]

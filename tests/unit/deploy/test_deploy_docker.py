@@ -128,7 +128,7 @@ def installed(tmp_path_factory) -> Path:
 
 
 def _dist_info(installed: Path) -> Path:
-    (info,) = installed.glob("specctl-*.dist-info")
+    (info,) = installed.glob("specctl_vllm-*.dist-info")
     return info
 
 
@@ -169,3 +169,13 @@ def test_base_install_pulls_neither_vllm_nor_torch(installed):
         if line.startswith("Requires-Dist:") and "extra ==" not in line
     ]
     assert base and not [r for r in base if re.match(r"(vllm|torch)\b", r)]
+
+
+def test_distribution_name_and_commands(installed):
+    """PyPI's `specctl` is another project: the wheel is `specctl-vllm`, with both command names."""
+    info = _dist_info(installed)
+    metadata = (info / "METADATA").read_text()
+    assert "\nName: specctl-vllm\n" in metadata
+    scripts = (info / "entry_points.txt").read_text().split("[console_scripts]", 1)[1].split("[", 1)[0]
+    names = {line.split("=")[0].strip() for line in scripts.splitlines() if "=" in line}
+    assert names == {"specctl", "specctl-vllm"}

@@ -169,6 +169,11 @@ def test_gpu_platform_settings(overlay):
     assert ("VLLM_ROCM_USE_AITER" in env(vllm)) == (platform(overlay) == "rocm")
     if platform(overlay) == "rocm":
         assert env(vllm)["VLLM_ROCM_USE_AITER"] == "1"
+    # ROCm: speculation on the AITER flash-attention backend (vLLM 0.26-0.33 default to ROCM_ATTN).
+    rocm = platform(overlay) == "rocm"
+    assert ("--attention-backend=$(ATTENTION_BACKEND)" in vllm["args"]) == rocm
+    assert (env(vllm).get("ATTENTION_BACKEND") == "ROCM_AITER_FA") == rocm
+    assert sum(a.startswith("--attention-backend") for a in vllm["args"]) == int(rocm)
 
 
 def test_args_only_reference_defined_env(overlay):

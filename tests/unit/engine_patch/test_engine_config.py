@@ -59,7 +59,7 @@ def test_default_engine_id_is_a_valid_protocol_id() -> None:
 @pytest.mark.parametrize(
     ("version", "supported"),
     [("0.26.0", True), ("0.32.0", True), ("0.32.1+cpu", True), ("0.29.0rc1", True), ("0.25.9", False),
-     ("0.33.0", False), ("1.0.0", False), ("garbage", False), (None, False)],
+     ("0.33.0", True), ("0.33.1rc1", True), ("0.34.0", False), ("1.0.0", False), ("garbage", False), (None, False)],
 )
 def test_supported_range(version: str | None, supported: bool) -> None:
     assert versions.is_supported(version) is supported

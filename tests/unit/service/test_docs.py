@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from controller.service.settings import AuthSettings, ServerSettings, StoreSettings
+from controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "controller.md").read_text()
 
 
-@pytest.mark.parametrize("cls", [ServerSettings, AuthSettings, StoreSettings])
+@pytest.mark.parametrize("cls", [ServerSettings, AuthSettings, StoreSettings, RecordSettings])
 def test_every_setting_documented_with_its_default(cls):
     for name, field in cls.model_fields.items():
         row = next((line for line in DOC.splitlines() if line.startswith(f"| `SPECCTL_{name.upper()}` |")), None)

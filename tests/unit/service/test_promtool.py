@@ -20,7 +20,7 @@ def test_promtool_lint_clean(client):
     client.put("/v1/overrides/chat", json={"k": 1, "method": "ngram", "reason": "r", "actor": "a"}, headers=ADMIN)
     client.portal.call(client.app.state.runtime.snapshot)
     text = client.get("/metrics").text
-    assert "specctl_accepted_length_bucket" in text and "specctl_snapshot_age_seconds" in text
+    assert "specctl_accepted_tokens_per_draft_bucket" in text and "specctl_snapshot_age_seconds" in text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

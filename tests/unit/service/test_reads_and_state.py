@@ -55,10 +55,10 @@ def test_metrics_reconcile_with_telemetry(client):
     per_pos = {dict(l)["position"]: v for (n, l), v in samples.items() if n == "specctl_accepted_tokens_per_pos_total"}
     assert per_pos == {"0": 6, "1": 6, "2": 6, "3": 6}
     cat = (("category", "code"), ("model_name", "test-model"))
-    assert samples[("specctl_accepted_length_count", cat)] == 9
-    assert samples[("specctl_accepted_length_sum", cat)] == 24
+    assert samples[("specctl_accepted_tokens_per_draft_count", cat)] == 9
+    assert samples[("specctl_accepted_tokens_per_draft_sum", cat)] == 24
     code = {"category": "code", "model_name": "test-model"}
-    buckets = {le: samples[_key("specctl_accepted_length_bucket", le=le, **code)]
+    buckets = {le: samples[_key("specctl_accepted_tokens_per_draft_bucket", le=le, **code)]
                for le in ("0.0", "1.0", "2.0", "3.0", "4.0", "+Inf")}
     assert buckets == {"0.0": 3, "1.0": 3, "2.0": 3, "3.0": 3, "4.0": 9, "+Inf": 9}
     assert samples[("specctl_request_steps_total", cat)] == 9

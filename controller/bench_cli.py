@@ -1,0 +1,375 @@
+"""``specctl bench`` command line: send the user's requests to each configuration, measure, report.
+
+See :mod:`controller.bench` for the request file and the configurations. Exit codes: 0 done; 2 bad input
+(request file, options); 3 an endpoint or the controller could not be reached, or every request of a run
+failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from controller.bench import (
+    SPECCTL_COUNTERS,
+    VLLM_COUNTERS,
+    BenchError,
+    BenchRequest,
+    Config,
+    Result,
+    aggregate,
+    counter_delta,
+    format_table,
+    overrides_for,
+    parse_config,
+    parse_prometheus_counters,
+    parse_requests,
+    schedule,
+    summarize,
+)
+
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class Unreachable(RuntimeError):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specctl bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency "
+                    "percentiles and acceptance, per category and overall, for each configuration; interleaved "
+                    "and repeated rounds, with their spread.",
+        epilog="request file: JSON lines {messages | prompt, category?, max_tokens?, response_format?, tools?, "
+               "tool_choice?, temperature?} (docs/bench.md)\n\nexamples:\n"
+               "  specctl bench requests.jsonl --config plain=http://h:8000 --config spec=http://h:8001\n"
+               "  specctl bench requests.jsonl --endpoint http://h:8000 --controller http://h:8081 \\\n"
+               "      --config off --config k=2 --config k=structured:1,chat:4 --config specctl --repeats 3")
+    p.add_argument("requests", type=Path, help="JSON lines, one request per line")
+    p.add_argument("--config", action="append", default=[], dest="configs",
+                   help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")
+    p.add_argument("--endpoint", help="the OpenAI-compatible base URL for override configurations")
+    p.add_argument("--controller", help="the specctl controller's base URL (override configurations; acceptance "
+                                        "per category from its /metrics)")
+    p.add_argument("--model", help="model name sent in requests (default: the endpoint's first /v1/models entry)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each measures every configuration (default 3)")
+    p.add_argument("--settle", type=float, default=3.0,
+                   help="seconds to wait after changing overrides, so the engine has the new policy (default 3)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="requests sent to each endpoint before measuring, not counted (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer token for the endpoints "
+                   "[env OPENAI_API_KEY]")
+    p.add_argument("--json", type=Path, help="write every run and the aggregate as JSON")
+    p.add_argument("--plots", type=Path, help="folder for plots (PNG with matplotlib installed, else SVG)")
+    p.add_argument("--baseline", help="configuration the table compares goodput against (default: the first)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    return p
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def __init__(self, label: str, total: int, enabled: bool, stream: Any = None) -> None:
+        self.label, self.total, self.enabled, self.done = label, total, enabled, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = time.monotonic()
+        self._draw()
+
+    def step(self) -> None:
+        self.done += 1
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        rate = self.done / max(time.monotonic() - self.t0, 1e-9)
+        self.stream.write(f"\r{self.label:<28} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+                          f" {rate:5.1f} req/s")
+        if self.done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+async def _one(client: Any, base: str, model: str, request: BenchRequest, timeout: float,
+               clock: Callable[[], float]) -> Result:
+    import httpx
+
+    path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
+    body = {**request.body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
+    start = clock()
+    first = last = None
+    chunks = 0
+    usage_tokens = None
+    gaps: list[float] = []
+    try:
+        async with client.stream("POST", base + path, json=body, timeout=timeout) as response:
+            if response.status_code >= 400:
+                text = (await response.aread())[:300].decode("utf-8", "replace")
+                return Result(request.category, False, error=f"HTTP {response.status_code}: {text}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    continue
+                if event.get("usage"):
+                    usage_tokens = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text = choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
+                    if text or delta.get("tool_calls"):
+                        now = clock()
+                        if first is None:
+                            first = now
+                        else:
+                            gaps.append(now - last)
+                        last = now
+                        chunks += 1
+    except httpx.HTTPError as exc:
+        return Result(request.category, False, error=f"{type(exc).__name__}: {exc}")
+    end = clock()
+    if first is None:
+        return Result(request.category, False, error="no tokens streamed")
+    return Result(request.category, True, ttft_s=first - start, e2e_s=end - start,
+                  output_tokens=usage_tokens if usage_tokens is not None else chunks, itl_s=gaps)
+
+
+async def run_file(base: str, model: str, requests: list[BenchRequest], concurrency: int, timeout: float,
+                   api_key: str, progress: Progress, clock: Callable[[], float] = time.perf_counter
+                   ) -> tuple[list[Result], float]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(headers=headers, limits=limits) as client:
+        async def task(r: BenchRequest) -> Result:
+            async with sem:
+                result = await _one(client, base, model, r, timeout, clock)
+            progress.step()
+            return result
+
+        t0 = clock()
+        results = await asyncio.gather(*(task(r) for r in requests))
+        return list(results), clock() - t0
+
+
+def _get(url: str, headers: dict | None = None) -> Any:
+    import httpx
+
+    try:
+        response = httpx.get(url, headers=headers or {}, timeout=15.0)
+    except httpx.HTTPError as exc:
+        raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code >= 400:
+        raise Unreachable(f"{url}: HTTP {response.status_code}")
+    return response
+
+
+def first_model(base: str, api_key: str) -> str:
+    response = _get(base + "/v1/models", {"Authorization": f"Bearer {api_key}"} if api_key else None)
+    try:
+        return response.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise Unreachable(f"{base}/v1/models: no model listed; pass --model") from None
+
+
+def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[str, dict[str, float]] | None:
+    if not url:
+        return None
+    try:
+        return parse_prometheus_counters(_get(url.rstrip("/") + "/metrics").text, names, label)
+    except Unreachable:
+        return None
+
+
+def apply_overrides(controller: str, config: Config, categories: list[str]) -> None:
+    import httpx
+
+    token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for category, k in overrides_for(config, categories).items():
+        url = f"{controller.rstrip('/')}/v1/overrides/{category}"
+        try:
+            if k is None:
+                response = httpx.delete(url, params={"reason": "specctl bench", "actor": "specctl-bench"},
+                                        headers=headers, timeout=10.0)
+                if response.status_code == 404:
+                    continue
+            else:
+                body = {"off": True} if k == 0 else {"k": k}
+                response = httpx.put(url, json={**body, "reason": f"specctl bench: {config.name}",
+                                                "actor": "specctl-bench", "ttl_s": 3600}, headers=headers, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            hint = " (set SPECCTL_ADMIN_TOKEN)" if response.status_code in (401, 403) else ""
+            raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}{hint}")
+
+
+def plot(agg: dict, folder: Path) -> list[Path]:
+    """Goodput per configuration and category (mean with min-max), and TTFT/ITL p50/p99."""
+    folder.mkdir(parents=True, exist_ok=True)
+    configs = list(agg)
+    cats = sorted({c for v in agg.values() for c in v}, key=lambda c: (c != "overall", c))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return _plot_svg(agg, folder, configs, cats)
+    paths = []
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cats) * len(configs) / 2), 4))
+    width = 0.8 / max(len(configs), 1)
+    for i, config in enumerate(configs):
+        means, lo, hi = [], [], []
+        for c in cats:
+            g = agg[config].get(c, {}).get("goodput_tok_s", {})
+            means.append(g.get("mean", 0.0))
+            lo.append(g.get("mean", 0.0) - g.get("min", 0.0))
+            hi.append(g.get("max", 0.0) - g.get("mean", 0.0))
+        xs = [j + i * width for j in range(len(cats))]
+        ax.bar(xs, means, width, yerr=[lo, hi], capsize=3, label=config)
+    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(cats))], cats)
+    ax.set_ylabel("output tokens/s (mean, min-max over rounds)")
+    ax.set_title("Goodput per category")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(folder / "goodput.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, title in ((axes[0], "ttft", "TTFT (ms)"), (axes[1], "itl", "inter-token latency (ms)")):
+        for i, config in enumerate(configs):
+            o = agg[config].get("overall", {})
+            vals = [(o.get(f"{metric}_p{q}_ms") or {}).get("mean") or 0.0 for q in (50, 90, 99)]
+            ax.bar([j + i * width for j in range(3)], vals, width, label=config)
+        ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(3)], ["p50", "p90", "p99"])
+        ax.set_title(f"{title}, overall")
+        ax.legend()
+    fig.tight_layout()
+    paths.append(folder / "latency.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def _plot_svg(agg: dict, folder: Path, configs: list[str], cats: list[str]) -> list[Path]:
+    from controller.report import bar_chart
+
+    paths = []
+    for c in cats:
+        values = [agg[k].get(c, {}).get("goodput_tok_s", {}).get("mean", 0.0) for k in configs]
+        path = folder / f"goodput_{c}.svg"
+        path.write_text(bar_chart(f"Goodput: {c}", configs, values, x_label="configuration", y_label="tokens/s"))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
+            raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
+        if not args.configs:
+            raise BenchError("give at least one --config")
+        configs = [parse_config(c) for c in args.configs]
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            raise BenchError(f"configuration names repeat: {names}")
+        if any(c.kind == "override" for c in configs) and not (args.controller and args.endpoint):
+            raise BenchError("off / k=N / specctl configurations need --controller and --endpoint")
+        try:
+            text = args.requests.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BenchError(f"{args.requests}: cannot read it as UTF-8 text ({exc})") from None
+        requests = parse_requests(text.splitlines(), str(args.requests))
+    except BenchError as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    categories = sorted({r.category for r in requests})
+    runs: list[dict[str, Any]] = []
+    try:
+        models: dict[str, str] = {}
+        for round_, config in schedule(configs, args.repeats):
+            base = config.url if config.kind == "endpoint" else args.endpoint.rstrip("/")
+            if base not in models:
+                models[base] = args.model or first_model(base, args.api_key)
+                if args.warmup:
+                    warm = Progress(f"warm-up {base}", min(args.warmup, len(requests)), not args.no_progress)
+                    asyncio.run(run_file(base, models[base], requests[: args.warmup], args.concurrency,
+                                         args.timeout, args.api_key, warm))
+            if config.kind == "override":
+                apply_overrides(args.controller, config, categories)
+                time.sleep(args.settle)
+            before_ctl = scrape(args.controller, SPECCTL_COUNTERS, "category")
+            before_vllm = scrape(base, VLLM_COUNTERS, None)
+            progress = Progress(f"round {round_ + 1}/{args.repeats} {config.name}", len(requests),
+                                not args.no_progress)
+            results, wall = asyncio.run(run_file(base, models[base], requests, args.concurrency, args.timeout,
+                                                 args.api_key, progress))
+            after_ctl = scrape(args.controller, SPECCTL_COUNTERS, "category")
+            after_vllm = scrape(base, VLLM_COUNTERS, None)
+            acceptance = None
+            if before_ctl is not None and after_ctl is not None:
+                delta_ctl = counter_delta(after_ctl, before_ctl)
+                acceptance = delta_ctl if any(v.get("drafts") for v in delta_ctl.values()) else None
+            summary = summarize(results, wall, acceptance)
+            if before_vllm is not None and after_vllm is not None:  # the engine's own, all categories
+                delta = counter_delta(after_vllm, before_vllm).get("all", {})
+                if delta.get("drafts"):
+                    summary["vllm_overall"] = {"drafts": delta["drafts"],
+                                               "acceptance_rate": delta.get("accepted", 0) / delta["draft_tokens"]
+                                               if delta.get("draft_tokens") else None,
+                                               "mean_acceptance_length": 1 + delta.get("accepted", 0) / delta["drafts"]}
+                    if acceptance is None:
+                        summary["categories"]["overall"].update(summary["vllm_overall"])
+            runs.append({"round": round_, "config": config.name, "endpoint": base, "model": models[base],
+                         "summary": summary})
+            if summary["categories"]["overall"]["errors"] == len(requests):
+                raise Unreachable(f"{config.name}: every request failed, e.g. {summary['error_samples'][:1]}")
+    except Unreachable as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    finally:
+        if args.controller and any(c.kind == "override" for c in configs):
+            try:  # leave the controller as it was found: no bench override in force
+                apply_overrides(args.controller, Config("specctl", "override"), categories)
+            except Unreachable as exc:
+                print(f"specctl bench: could not clear the bench's overrides: {exc}", file=sys.stderr)
+    agg = aggregate(runs)
+    baseline = args.baseline or configs[0].name
+    print(f"{len(requests)} requests x {args.repeats} rounds, concurrency {args.concurrency}; "
+          f"goodput = output tokens / wall second of the run")
+    print(format_table(agg, baseline if baseline in agg else None))
+    if args.json:
+        args.json.write_text(json.dumps({"requests": len(requests), "categories": categories,
+                                         "concurrency": args.concurrency, "repeats": args.repeats,
+                                         "configs": names, "runs": runs, "aggregate": agg}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plots:
+        for path in plot(agg, args.plots):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
