@@ -447,6 +447,8 @@ class SpecHook:
                 if generated:
                     if attrs.get("num_stale_output_tokens", 0) > 0 and attrs.get("drop_stale_output", False):
                         continue  # vLLM discards this output (and does not count it)
+                    if attrs.get("async_tokens_to_discard", 0) > 0:
+                        continue  # 0.26: a stale in-flight frame after a forced preemption, dropped by vLLM
                     drafted = len(spec) - invalid.get(req_id, 0) if invalid else len(spec)
                     accepted = len(generated) - ns
                     if accepted < 0:

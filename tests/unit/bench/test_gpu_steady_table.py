@@ -76,3 +76,13 @@ def test_premise_table_compares_step_times(tmp_path):
 
 def test_empty_results(tmp_path):
     assert render(tmp_path / "none.jsonl").startswith("no rows")
+
+
+def test_plain_rows_stand_for_every_profile_when_measured_once() -> None:
+    from bench.gpu.steady_table import share_plain_rows
+
+    rows = {("plain", "high", 4): {"tok_per_s_median": 766.0}, ("k4", "low", 4): {"tok_per_s_median": 867.0}}
+    shared = share_plain_rows(rows)
+    assert shared[("plain", "low", 4)]["tok_per_s_median"] == 766.0
+    assert shared[("plain", "mixed", 4)]["shared_from"] == "high"
+    assert ("plain", "high", 1) not in shared

@@ -259,3 +259,16 @@ def test_counterfactual_tries_are_counted_with_or_without_a_match(category: str,
         assert all(drafts.get(m, 0) >= 0.5 * tries[m] for m in tries), (drafts, tries)
     else:
         assert drafts == {}
+
+
+def test_stale_async_frames_vllm_discards_are_not_counted() -> None:
+    rig = Rig(correct={"code": 4})
+    rig.install(code=CP(k=4))
+    request = rig.add("c", "code")
+    run(rig, 3)
+    before = totals(rig)
+    assert before[("code", "ngram")][1] > 0  # drafts were counted
+    request.async_tokens_to_discard = 1  # vLLM 0.26 drops this frame after a forced preemption
+    run(rig, 3)
+    after = totals(rig)
+    assert after.get(("code", "ngram"), [0, 0, 0, 0])[1] == 0
