@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results" / "overhead.json"
+GRAPH_RESULTS = ROOT / "bench" / "results" / "overhead_graph.json"
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TARGET_SHARE = 0.01
 
@@ -83,6 +84,27 @@ def bench_policy() -> Any:
             "prose": p.CategoryPolicy(k=0, probe_rate=0.05, probe_k=1),
         },
     )
+
+
+def graph_policy() -> Any:
+    """A graph-shaped engine's policy: E_c(K) per category and an H200-like cell table for the width rule."""
+    from controller import protocol as p
+    from controller.core.model.cells import BATCH_EDGES
+    from controller.core.model.widths import geometric_lengths
+
+    base = bench_policy()
+    widths = list(GRAPH_ENGINE_WIDTHS)
+    curves = {"code_edit": 0.9, "summarise": 0.7, "json": 0.85, "prose": 0.45}
+    cells = p.StepCells(
+        batch_edges=list(BATCH_EDGES), widths=widths,
+        step_s=[[(4.5 + 0.02 * e) * (1 + 0.12 * w + 0.002 * e * w) / 1e3 for w in widths] for e in BATCH_EDGES],
+        steps=[[1000.0] * len(widths) for _ in BATCH_EDGES])
+    categories = {name: cp.model_copy(update={"expected": list(geometric_lengths(curves[name], 7))})
+                  for name, cp in base.categories.items()}
+    return base.model_copy(update={"categories": categories, "step_cells": cells})
+
+
+GRAPH_ENGINE_WIDTHS = (0, 1, 2, 4, 7)
 
 
 # -- real engine -------------------------------------------------------------------------------------------
@@ -143,7 +165,7 @@ def engine_run(model_dir: Path, sizes: list[int], tokens: int) -> list[dict[str,
 
 # -- synthetic requests ------------------------------------------------------------------------------------
 
-def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
+def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[dict[str, Any]]:
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
@@ -153,12 +175,15 @@ def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
     from tests.support.engine_sim import SimEngine, script_drafter
     from tests.support.workload import CATEGORIES
 
-    engine = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
+    if graph:  # one width per step from the width rule (model runner V2 on a GPU)
+        engine = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=GRAPH_ENGINE_WIDTHS)
+    else:
+        engine = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
     rows = []
     for n in sizes:
         rng = random.Random(n)
         holder = PolicyHolder(engine)
-        holder.install(bench_policy(), time.monotonic())
+        holder.install(graph_policy() if graph else bench_policy(), time.monotonic())
         # CPU time of this process, not wall time: on a shared machine a descheduled process would otherwise
         # charge other processes' work to the hook.
         hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=time.process_time_ns)
@@ -185,7 +210,8 @@ def micro_run(sizes: list[int], steps: int = 200) -> list[dict[str, Any]]:
                "drafting_us_per_step": stats.draft_ns / stats.steps / 1e3,
                "hook_ns_per_request": (stats.hook_ns - stats.draft_ns) / stats.steps / n}
         rows.append(row)
-        print(f"micro   N={n:4d}  hook={row['hook_us_per_step']:8.1f} us/step "
+        row["graph_shaped"] = graph
+        print(f"micro{' graph' if graph else ''}   N={n:4d}  hook={row['hook_us_per_step']:8.1f} us/step "
               f"(drafting {row['drafting_us_per_step']:7.1f})  {row['hook_ns_per_request']:6.0f} ns/request",
               flush=True)
     return rows
@@ -213,9 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request in the engine runs")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-micro", action="store_true")
+    parser.add_argument("--graph", action="store_true",
+                        help="micro runs only, of a graph-shaped engine (one width per step, the width rule)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
+
+    if args.graph:
+        graph_rows = micro_run(sizes, graph=True)
+        GRAPH_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        GRAPH_RESULTS.write_text(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                             "timer": "process_time_ns (CPU time of the process)",
+                                             "micro_graph": graph_rows}, indent=1))
+        print(f"wrote {GRAPH_RESULTS}")
+        return 0
 
     from tests.support.stack import model_dir
 

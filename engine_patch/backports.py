@@ -38,12 +38,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine_patch import versions
+from engine_patch.settings import load_graph_settings
 
 logger = logging.getLogger("vllm.specctl.backports")
 
@@ -96,7 +96,7 @@ class BackportStatus:
 
 
 def requested(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    raw = (os.environ if environ is None else environ).get(ENV, "auto").strip().lower()
+    raw = load_graph_settings(environ).backports.strip().lower()
     if raw in ("", "auto", "1", "on", "all", "true"):
         return NAMES
     if raw in ("0", "off", "none", "false"):
@@ -106,7 +106,7 @@ def requested(environ: dict[str, str] | None = None) -> tuple[str, ...]:
 
 def graph_widths(k_max: int, environ: dict[str, str] | None = None) -> tuple[int, ...]:
     """The width set, sorted: ``SPECCTL_GRAPH_WIDTHS`` (comma list) or the default; always holds 0 and k_max."""
-    raw = (os.environ if environ is None else environ).get(WIDTHS_ENV, "")
+    raw = load_graph_settings(environ).graph_widths
     widths = set(DEFAULT_WIDTHS)
     if raw.strip():
         try:
@@ -190,7 +190,7 @@ def _install(st: BackportStatus) -> None:
 
 
 def skip_draft_at_zero(environ: dict[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(DRAFT_AT_ZERO_ENV, "").strip().lower() == "skip"
+    return load_graph_settings(environ).draft_at_zero == "skip"
 
 
 def _wrap_propose(original: Callable) -> Callable:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -156,3 +157,38 @@ def _from_env(env: dict[str, str]) -> EngineSettings:
         if prefix + old in env and new not in values:
             values[new] = env[prefix + old]
     return EngineSettings.model_validate(values)
+
+
+class GraphSettings(BaseSettings):
+    """Graph-shaped speculation on model runner V2 (:mod:`engine_patch.backports`): read in every vLLM process."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECCTL_", extra="ignore", frozen=True)
+
+    backports: str = Field(
+        default="auto",
+        description="'auto' (every model-runner backport that applies), 'off', or a comma list of backport names; "
+        "auto is safe because each backport is applied only to the vLLM release and sources it was checked against",
+    )
+    graph_widths: str = Field(
+        default="",
+        description="comma list of proposal widths the engine captures full graphs for and picks one of per step; "
+        "empty: 0,1,2,4 and num_speculative_tokens, the short widths that still pay at large batches plus k_max",
+    )
+    draft_at_zero: Literal["catch_up", "skip"] = Field(
+        default="catch_up",
+        description="at width 0: 'catch_up' runs the drafter's first pass so its KV cache stays complete (about "
+        "10 % of a plain step on the H200); 'skip' leaves the drafter idle, at the cost of later acceptance",
+    )
+
+
+def load_graph_settings(environ: dict[str, str] | None = None) -> GraphSettings:
+    """Like :func:`load_settings`: invalid values are logged and the defaults used."""
+    env = dict(os.environ if environ is None else environ)
+    values = {name: env[f"SPECCTL_{name.upper()}"] for name in GraphSettings.model_fields
+              if f"SPECCTL_{name.upper()}" in env}
+    try:
+        return GraphSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"SPECCTL_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        logger.error("specctl: invalid graph settings, using defaults: %s", problems)
+        return GraphSettings()

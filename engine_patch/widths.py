@@ -30,6 +30,8 @@ FAST_DECAY = 0.98
 #: than :data:`FAST_MAX_WEIGHT` (the controller's curve has minutes of evidence behind it).
 FAST_HALF_WEIGHT = 100.0
 FAST_MAX_WEIGHT = 0.5
+#: Steps between two re-blends of a category's curve (the fast sums move little in 8 steps).
+CURVE_REFRESH_STEPS = 8
 
 
 class WidthChooser:
@@ -43,6 +45,10 @@ class WidthChooser:
         self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
         self._bucket_steps: dict[int, int] = {}
         self.explored = 0
+        # curves are re-blended every CURVE_REFRESH_STEPS steps or when the table changes, not every step
+        self._curves: dict[str, tuple[float, ...]] = {}
+        self._curves_gen = -1
+        self._curves_age = 0
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -95,9 +101,20 @@ class WidthChooser:
                 self.explored += 1
                 self.width = self.widths[j]
                 return self.width
-        curves = {c: self._capped(c, table) for c in mix}
-        self.width = choose_width(mix, curves, self.widths, step_s, steps).width
+        self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps).width
         return self.width
+
+    def _curves_for(self, mix: Mapping[str, int], table: PolicyTable) -> dict[str, tuple[float, ...]]:
+        self._curves_age += 1
+        if table.generation != self._curves_gen or self._curves_age >= CURVE_REFRESH_STEPS:
+            self._curves.clear()
+            self._curves_gen = table.generation
+            self._curves_age = 0
+        curves = self._curves
+        for category in mix:
+            if category not in curves:
+                curves[category] = self._capped(category, table)
+        return curves
 
     def _capped(self, category: str, table: PolicyTable) -> tuple[float, ...]:
         curve = self.curve(category, table)

@@ -33,7 +33,7 @@ PREMISE_PROFILE = "high"
 MAX_NUM_SEQS = 256
 MAX_MODEL_LEN = PROMPT_TOKENS + OUTPUT_TOKENS + 64
 #: Seconds assumed for an engine start before one was measured (8B dummy weights, torch.compile, CUDA graphs).
-STARTUP_GUESS_S = 90.0
+STARTUP_GUESS_S = 170.0
 #: Added to the slowest start seen: the child's imports and the model files.
 STARTUP_MARGIN_S = 15.0
 #: A timed round ends at the worker's next dispatch snapshot after round_s (at most ~0.5 s later).

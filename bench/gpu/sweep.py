@@ -58,7 +58,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup-s", type=float, default=3.0, help="static engines: warm-up of each point")
     p.add_argument("--learn-s", type=float, default=10.0, help="specctl: learning period of its first point")
-    p.add_argument("--relearn-s", type=float, default=6.0, help="specctl: learning period of every later point")
+    p.add_argument("--relearn-s", type=float, default=10.0, help="specctl: learning period of every later point")
     p.add_argument("--pin-warmup-s", type=float, default=4.0, help="oracle/premise: warm-up after pinning")
     p.add_argument("--oracle", action="store_true", help="after the other engines: the mixed-profile oracle rows")
     p.add_argument("--premise", action="store_true", help="only the premise check (specctl pinned at K=0,2,4,7)")

@@ -68,7 +68,7 @@ def test_planned_duration_is_startup_plus_warmup_and_rounds():
     static = plan.engines()[1]
     specctl = plan.engines()[-1]
     layout = [(static, plan.engine_points(static, timing=timing)), (specctl, plan.engine_points(specctl, timing=timing))]
-    assert plan.planned_seconds(layout, timing) == pytest.approx((90 + 15 * (3 + 15)) + (90 + 10 + 14 * 6 + 15 * 15))
+    assert plan.planned_seconds(layout, timing) == pytest.approx((170 + 15 * (3 + 15)) + (170 + 10 + 14 * 6 + 15 * 15))
     assert plan.planned_seconds([(static, [])], timing) == 0  # nothing left: no start either
     with_slack = plan.planned_seconds(layout, timing, slack_s=plan.ROUND_SLACK_S)
     assert with_slack == pytest.approx(plan.planned_seconds(layout, timing) + 30 * 3 * plan.ROUND_SLACK_S)

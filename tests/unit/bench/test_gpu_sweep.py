@@ -62,7 +62,7 @@ def test_default_plan_only_premise_and_oracle():
 
 def test_timing_follows_the_options():
     t = timing_of(parse(["--results", "r", "--round-s", "7", "--rounds", "4", "--learn-s", "12"]))
-    assert (t.round_s, t.rounds, t.learn_s, t.relearn_s, t.warmup_s) == (7, 4, 12, 6, 3)
+    assert (t.round_s, t.rounds, t.learn_s, t.relearn_s, t.warmup_s) == (7, 4, 12, 10, 3)
 
 
 @pytest.mark.parametrize("allow_partial, budget_s, expected", [(False, 10_000, True), (False, 200, False),
