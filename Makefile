@@ -26,6 +26,8 @@ demo: venv model
 	$(PY) scripts/demo.py --model $(MODEL_DIR)
 
 test: venv model
+	# the vLLM contract check (reads each supported release's sources from PyPI once, then from .cache)
+	$(PY) scripts/vllm_contract.py
 	$(PY) -m pytest -q -ra tests
 
 test-e2e: venv model

@@ -125,21 +125,34 @@ def test_cached_release_is_read_offline(tmp_path: Path) -> None:
     assert src.version == "0.33.0" and contract.SCHED in src.files
 
 
+def cached_sources(version: str) -> Path:
+    """The release's sources as cached by ``scripts/vllm_contract.py`` (``make test`` runs it first)."""
+    folder = contract.CACHE / version
+    stamp = folder / ".complete"
+    assert stamp.is_file() and stamp.read_text().splitlines()[1:] == list(contract.FILES), (
+        f"vllm {version} sources not cached: run scripts/vllm_contract.py (make test and make check do)")
+    return folder
+
+
 @pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.33.0"])
-def test_real_wheels_pass(version: str) -> None:
-    wheels = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
-    if not wheels:
-        pytest.skip(f"no vllm {version} wheel in {WHEELS}")
-    src = contract.from_wheel(wheels[0])
+def test_real_wheels_pass(version: str, tmp_path: Path) -> None:
+    """The wheel reader on a wheel holding the release's real sources (the cached files, zipped as in a wheel)."""
+    import zipfile
+
+    folder = cached_sources(version)
+    wheel = tmp_path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in contract.FILES:
+            if (folder / name).is_file():
+                archive.write(folder / name, name)
+        archive.writestr(f"vllm-{version}.dist-info/METADATA", f"Name: vllm\nVersion: {version}\n")
+    src = contract.from_wheel(wheel)
     assert [o.check.id for o in contract.run_checks(src) if o.failed] == []
 
 
 @pytest.mark.parametrize("version", contract.RELEASES)
 def test_cached_release_sources_pass(version: str) -> None:
     """The sources `make check` cached (.cache/vllm-sources/): every supported release passes, offline."""
-    folder = contract.CACHE / version
-    stamp = folder / ".complete"
-    if not stamp.is_file() or stamp.read_text().splitlines()[1:] != list(contract.FILES):
-        pytest.skip(f"vllm {version} sources not cached (run make check once)")
+    cached_sources(version)
     src = contract.from_release(version)
     assert [o.check.id for o in contract.run_checks(src) if o.failed] == []
