@@ -15,6 +15,7 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ from controller.core.views import (
 from controller.protocol import (
     CATEGORY_PATTERN,
     MAX_K,
+    MAX_SEQ,
     METHOD_ENGINE,
+    OVERFLOW_CATEGORY,
     METHOD_OFF,
     AdaptRule,
     CategoryPolicy,
@@ -136,6 +139,45 @@ def _engine_methods(spec: SpecConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _unsound(decision: Decision, spec: SpecConfig) -> str | None:
+    """Why a computed decision cannot be served (a non-finite number, a policy the wire refuses), else None."""
+    if not _finite(decision.batch_size, decision.goodput, decision.plain_goodput, decision.step_ms,
+                   decision.plain_step_ms):
+        return "non-finite batch figures"
+    for d in (*decision.categories, decision.default):
+        if not _finite(d.expected_committed, d.speedup, d.probe_rate, d.best_method_speedup) or not all(
+                _finite(r.expected_committed, r.step_ms, r.goodput, r.speedup) for r in d.table):
+            return f"non-finite figures for category {d.name!r}"
+        try:
+            Brain._category_policy(d, spec)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return f"category {d.name!r}: {str(exc)[:200]}"
+    return None
+
+
+def _cost_ratio(coef, method: str) -> float | None:
+    """The drafter's cost ratio for the metrics, None where the fitted plain step costs nothing (no ratio)."""
+    try:
+        ratio = coef.draft_cost_ratio(method)
+    except ZeroDivisionError:
+        return None
+    return round(ratio, 6) if math.isfinite(ratio) else None
+
+
+def _static_decision(spec: SpecConfig, problem: str) -> Decision:
+    """What the engine would run without a controller (its own drafter at its k_max), as a decision."""
+    k = spec.k_max if spec.method != METHOD_OFF else 0
+    method = spec.method if k else METHOD_OFF
+    default = CategoryDecision("default", k, method, "default",
+                               f"decision could not be computed ({problem[:200]}): the engine's static config",
+                               1.0, 1.0, k, k)
+    return Decision((), default, 1.0, 0.0, 0.0, 0.0, 0.0)
+
+
 class Brain:
     def __init__(self, config: BrainConfig) -> None:
         self.config = config
@@ -147,6 +189,9 @@ class Brain:
         self._served: dict[_Key, _Served] = {}
         self._version = 0
         self._rejected_unknown = 0
+        self._decision_errors: dict[str, int] = {}
+        self.last_decision_error: tuple[str, str] | None = None  # (model, why), for the service to log
+        self.load_problems: list[str] = []  # what load() left out of a snapshot
         self._z = z_for(config.learner.confidence)
 
     # -- ingest -----------------------------------------------------------------------------------------------
@@ -229,7 +274,12 @@ class Brain:
     def policy_for(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> Policy:
         key = _key(model, spec, engine_id)
         decision = self._decision(key, spec, now)
-        policy = self._wire(key, decision, spec, now)
+        try:
+            policy = self._wire(key, decision, spec, now)
+        except Exception as exc:  # noqa: BLE001 -- an ingested batch is acknowledged whatever the decision
+            self._count_error(model, exc)
+            self._served.pop(key, None)
+            policy = self._wire(key, _static_decision(spec, f"{type(exc).__name__}: {exc}"), spec, now)
         book = self._engines.get(engine_id) if engine_id else None
         if book is not None:
             book.policy_served_at = now
@@ -253,8 +303,18 @@ class Brain:
         if cached is not None and 0 <= now - cached.computed_at < refresh_interval(key, self.config.policy.interval_s) \
                 and cached.signature == signature:
             return cached.decision
-        snap = self._snapshot(key, spec, now, cached.decision if cached else None)
-        decision = goodput.decide(snap, self.config.policy)
+        try:
+            snap = self._snapshot(key, spec, now, cached.decision if cached else None)
+            decision = goodput.decide(snap, self.config.policy)
+            problem = _unsound(decision, spec)
+        except Exception as exc:  # noqa: BLE001 -- no learned state may make a later request fail
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            # the last good decision keeps being served (else the engine's static config), retried next interval
+            model = key[0]
+            self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
+            self.last_decision_error = (model, problem[:300])
+            decision = cached.decision if cached is not None else _static_decision(spec, problem)
         self._decisions.pop(key, None)
         self._decisions[key] = _Cached(now, decision, signature)
         while len(self._decisions) > MAX_CACHED_POLICIES:
@@ -365,14 +425,28 @@ class Brain:
         return _key(model, spec, b.engine_id), spec
 
     def categories(self, now: float) -> list[CategoryView]:
-        return [v for model in self._models for v in self._model_views(model, now)]
+        out: list[CategoryView] = []
+        for model in self._models:
+            try:
+                out.extend(self._model_views(model, now))
+            except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail every read
+                self._count_error(model, exc)
+        return out
+
+    def _count_error(self, model: str, exc: Exception) -> None:
+        self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
+        self.last_decision_error = (model, f"{type(exc).__name__}: {exc}"[:300])
 
     def category(self, name: str, now: float, model: str | None = None) -> CategoryView | None:
         models = [model] if model is not None else list(self._models)
         for m in models:
             ms = self._models.get(m)
             if ms is not None and name in ms.categories:
-                return self._category_view(m, name, now, self._effective(m, now))
+                try:
+                    return self._category_view(m, name, now, self._effective(m, now))
+                except Exception as exc:  # noqa: BLE001 -- as in categories()
+                    self._count_error(m, exc)
+                    return None
         return None
 
     def _effective(self, model: str, now: float) -> tuple[Decision, Policy, SpecConfig, str] | None:
@@ -486,36 +560,20 @@ class Brain:
         return out
 
     def metrics(self, now: float) -> MetricsSnapshot:
-        ls = self.config.learner
         methods: list[MethodCounters] = []
         cats: list[CategoryMetrics] = []
         ratios: list[tuple[str, str, float]] = []
         matches: list[tuple[str, str, str, float]] = []
         for model, ms in self._models.items():
-            eff = self._effective(model, now)
-            for name, st in ms.categories.items():
-                lengths = [0] * (MAX_K + 1)
-                accepted = 0
-                for m, est in st.methods.items():
-                    est.decay_to(now, ls.half_life_s)
-                    if est.attempts > 0 and is_model_free(m):
-                        matches.append((model, name, m, round(est.match_rate(ls.prior_strength), 6)))
-                    for cf, cum in ((False, est.cum), (True, est.cf_cum)):
-                        if cum.drafts == 0:
-                            continue
-                        top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
-                        methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens,
-                                                      cum.accepted_tokens, tuple(cum.per_pos[: max(top, 1)]),
-                                                      tuple(cum.lengths[: top + 1])))
-                        if not cf:
-                            for j, v in enumerate(cum.lengths):
-                                lengths[j] += v
-                            accepted += cum.accepted_tokens
-                cats.append(self._category_metrics(model, ms, name, st, lengths, accepted, eff, now))
-            known = set(ms.methods()) | {b.spec_method for b in self._engines.values()
-                                         if b.model == model and b.spec_method not in ("", METHOD_OFF)}
-            coef = ms.cost.coefficients()
-            ratios.extend((model, m, round(coef.draft_cost_ratio(m), 6)) for m in sorted(known))
+            try:
+                model_rows = self._model_metrics(model, ms, now)
+            except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail the scrape
+                self._count_error(model, exc)
+                continue
+            methods.extend(model_rows[0])
+            cats.extend(model_rows[1])
+            ratios.extend(model_rows[2])
+            matches.extend(model_rows[3])
         engines = tuple(
             EngineMetrics(b.engine_id, b.model, dict(b.outcomes), b.gaps, b.dropped_steps,
                           None if b.policy_served_at is None else max(0.0, now - b.policy_served_at), b.steps,
@@ -524,7 +582,39 @@ class Brain:
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
         return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
-                               self._rejected_unknown, tuple(matches))
+                               self._rejected_unknown, tuple(matches), tuple(sorted(self._decision_errors.items())))
+
+    def _model_metrics(self, model: str, ms: ModelState, now: float) -> tuple[list, list, list, list]:
+        ls = self.config.learner
+        methods: list[MethodCounters] = []
+        cats: list[CategoryMetrics] = []
+        ratios: list[tuple[str, str, float]] = []
+        matches: list[tuple[str, str, str, float]] = []
+        eff = self._effective(model, now)
+        for name, st in ms.categories.items():
+            lengths = [0] * (MAX_K + 1)
+            accepted = 0
+            for m, est in st.methods.items():
+                est.decay_to(now, ls.half_life_s)
+                if est.attempts > 0 and is_model_free(m):
+                    matches.append((model, name, m, round(est.match_rate(ls.prior_strength), 6)))
+                for cf, cum in ((False, est.cum), (True, est.cf_cum)):
+                    if cum.drafts == 0:
+                        continue
+                    top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
+                    methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens,
+                                                  cum.accepted_tokens, tuple(cum.per_pos[: max(top, 1)]),
+                                                  tuple(cum.lengths[: top + 1])))
+                    if not cf:
+                        for j, v in enumerate(cum.lengths):
+                            lengths[j] += v
+                        accepted += cum.accepted_tokens
+            cats.append(self._category_metrics(model, ms, name, st, lengths, accepted, eff, now))
+        known = set(ms.methods()) | {b.spec_method for b in self._engines.values()
+                                     if b.model == model and b.spec_method not in ("", METHOD_OFF)}
+        coef = ms.cost.coefficients()
+        ratios.extend((model, m, r) for m in sorted(known) if (r := _cost_ratio(coef, m)) is not None)
+        return methods, cats, ratios, matches
 
     def _category_metrics(self, model, ms, name, st, lengths, accepted, eff, now) -> CategoryMetrics:
         top = max((i for i, v in enumerate(lengths) if v), default=0)
@@ -561,29 +651,52 @@ class Brain:
 
     @classmethod
     def load(cls, data: dict, config: BrainConfig) -> Brain:
+        """Restore a :meth:`dump`; parts that do not validate are left out and named in ``load_problems``."""
         brain = cls(config)
         if not isinstance(data, dict) or data.get("format") != DUMP_FORMAT or data.get("version") != DUMP_VERSION:
+            brain.load_problems.append("unknown snapshot format")
             return brain  # unknown or old layout: start fresh rather than misread it
         try:
-            brain._version = max(0, int(data.get("policy_version", 0)))
-            brain._rejected_unknown = max(0, int(data.get("rejected_unknown", 0)))
-        except (TypeError, ValueError):
-            pass
+            brain._version = min(MAX_SEQ, max(0, int(data.get("policy_version", 0))))
+            brain._rejected_unknown = min(MAX_SEQ, max(0, int(data.get("rejected_unknown", 0))))
+        except (TypeError, ValueError, OverflowError):
+            brain.load_problems.append("bad counters")
         for name, md in _items(data.get("models")):
             if len(brain._models) >= MAX_MODELS:
+                brain.load_problems.append("too many models")
                 break
             try:
-                brain._models[str(name)] = ModelState.from_dict(str(name), md, brain._preset, config.learner)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+                ms = ModelState.from_dict(str(name), md, brain._preset, config.learner)
+                brain._check_model(ms)
+                brain._models[str(name)] = ms
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
+                brain.load_problems.append(f"model {str(name)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
         for eid, ed in _items(data.get("engines")):
             if len(brain._engines) >= MAX_ENGINES:
+                brain.load_problems.append("too many engines")
                 break
             try:
                 brain._engines[str(eid)] = EngineBook.from_dict(ed)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+                brain.load_problems.append(f"engine {str(eid)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
         return brain
+
+    def _check_model(self, ms: ModelState) -> None:
+        """Raise ValueError when restored state holds a number outside what ingest can produce."""
+        for c, st in ms.categories.items():
+            if not _WIRE_NAME.match(c) and c != OVERFLOW_CATEGORY:
+                raise ValueError(f"category name {c[:64]!r}")
+            for est in st.methods.values():
+                for v in (est.real_drafts, est.cf_drafts, est.attempts, est.hits, *(est.t_last or 0.0,)):
+                    if not math.isfinite(v):
+                        raise ValueError("non-finite estimator state")
+        coef = ms.cost.coefficients().vector()
+        if not all(math.isfinite(float(v)) and v >= 0 for v in coef):
+            raise ValueError("cost model does not fit")
+        for v in (ms.mix.steps, ms.mix.requests, ms.mix.extra_tokens, ms.mix.committed,
+                  *ms.mix.per_category.values(), *ms.mix.committed_per_category.values()):
+            if not math.isfinite(v):
+                raise ValueError("non-finite batch mix")
 
 
 def _items(d) -> list:

@@ -13,12 +13,20 @@ retired boot are treated as duplicates. Cumulative figures (gaps, dropped steps,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from controller.core.mix import Mix
 
 WINDOW = 4096
 RETIRED_BOOTS = 8
+#: Every counter kept here stays at or below this (float64 holds it exactly, Prometheus samples are float64).
+COUNTER_CAP = 2**53 - 1
+
+
+def _count(value: object) -> int:
+    """A counter restored from a snapshot: an int in [0, COUNTER_CAP] (ValueError/TypeError if not a number)."""
+    return min(COUNTER_CAP, max(0, int(value)))  # type: ignore[call-overload]
 
 
 @dataclass
@@ -80,9 +88,9 @@ class EngineBook:
             if len(self.seen) > 2 * WINDOW:
                 floor = self.max_seq - WINDOW
                 self.seen = {s for s in self.seen if s > floor}
-        self.gaps = max(0, self.gaps + gap_delta)
+        self.gaps = min(COUNTER_CAP, max(0, self.gaps + gap_delta))
         # the engine's counter is cumulative per boot; never let a smaller report shrink ours
-        self.dropped_this_boot = max(self.dropped_this_boot, dropped_steps)
+        self.dropped_this_boot = min(COUNTER_CAP, max(self.dropped_this_boot, dropped_steps))
 
     def to_dict(self) -> dict:
         return {
@@ -109,14 +117,18 @@ class EngineBook:
         b.model_free_methods = tuple(str(m) for m in d.get("model_free_methods", []))
         b.max_seq = int(d.get("max_seq", -1))
         b.seen = {int(s) for s in d.get("seen", [])}
+        if not -1 <= b.max_seq <= COUNTER_CAP or any(s < 0 or s > b.max_seq for s in b.seen):
+            raise ValueError("seq out of range")
         b.retired_boots = [str(x) for x in d.get("retired_boots", [])][-RETIRED_BOOTS:]
-        b.gaps = max(0, int(d.get("gaps", 0)))
-        b.dropped_prev_boots = max(0, int(d.get("dropped_prev_boots", 0)))
-        b.dropped_this_boot = max(0, int(d.get("dropped_this_boot", 0)))
+        b.gaps = _count(d.get("gaps", 0))
+        b.dropped_prev_boots = _count(d.get("dropped_prev_boots", 0))
+        b.dropped_this_boot = _count(d.get("dropped_this_boot", 0))
         outcomes = d.get("outcomes", {})
-        b.outcomes = {k: max(0, int(outcomes.get(k, 0))) for k in ("accepted", "duplicate", "rejected")}
-        b.steps = max(0, int(d.get("steps", 0)))
+        b.outcomes = {k: _count(outcomes.get(k, 0)) for k in ("accepted", "duplicate", "rejected")}
+        b.steps = _count(d.get("steps", 0))
         b.step_seconds = max(0.0, float(d.get("step_seconds", 0.0)))
+        if not math.isfinite(b.step_seconds):
+            raise ValueError("step_seconds not finite")
         b.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
         b.policy_served_at = None if d.get("policy_served_at") is None else float(d["policy_served_at"])
         for name in ("policy_version_served", "policy_version_reported"):

@@ -162,6 +162,8 @@ class MetricsSnapshot:
     rejected_unknown_engine: int  # rejected batches whose engine id could not be read
     #: (model, category, method, match rate) of model-free drafters with asks: the share that drafted
     match_rates: tuple[tuple[str, str, str, float], ...] = ()
+    #: (model, decisions or reads that could not be computed: the last good decision was served instead)
+    decision_errors: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -130,5 +130,6 @@ def create_app(
             allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "If-None-Match"],
         )
-    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
+                       body_timeout_s=settings.server.body_timeout_s)
     return app
