@@ -73,11 +73,13 @@ MAX_POLICY_CATEGORIES = 1024
 
 
 class IngestRejected(Exception):
-    """A batch that passed the schema but makes no sense; the service answers 422 with ``reason``."""
+    """A batch that passed the schema but makes no sense; the service answers ``status`` (422, or 409 for an
+    engine id shared by two live engines) with ``reason``."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, status: int = 422) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,11 @@ class Brain:
         if book is None:
             book = EngineBook(batch.engine_id)
         outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
+        if outcome == "conflict":
+            book.record_conflict(batch.boot_id, batch.seq, now)
+            raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
+                                 f"{batch.boot_id!r} and boot {book.boot_id!r}): give each engine its own "
+                                 "SPECCTL_ENGINE_ID", status=409)
         if outcome != "accepted":
             if batch.engine_id in self._engines:
                 book.outcomes["duplicate"] += 1
@@ -556,7 +563,9 @@ class Brain:
                 dict(b.outcomes), b.gaps, b.dropped_steps, b.steps, round(b.step_seconds, 6),
                 None if b.last_seen is None else max(0.0, now - b.last_seen), b.policy_version_served,
                 b.policy_version_reported, None if b.policy_served_at is None else max(0.0, now - b.policy_served_at),
-                None if bs is None else round(bs, 4), {c: round(v, 6) for c, v in b.mix.shares().items()}))
+                None if bs is None else round(bs, 4), {c: round(v, 6) for c, v in b.mix.shares().items()},
+                b.id_conflicts, b.conflict_boot or None,
+                None if b.conflict_at is None else max(0.0, now - b.conflict_at)))
         return out
 
     def metrics(self, now: float) -> MetricsSnapshot:
@@ -577,7 +586,7 @@ class Brain:
         engines = tuple(
             EngineMetrics(b.engine_id, b.model, dict(b.outcomes), b.gaps, b.dropped_steps,
                           None if b.policy_served_at is None else max(0.0, now - b.policy_served_at), b.steps,
-                          b.step_seconds)
+                          b.step_seconds, b.id_conflicts)
             for b in self._engines.values())
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())

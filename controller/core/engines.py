@@ -7,8 +7,11 @@ set of seqs seen in the last ``WINDOW`` below it:
   * a missing seq arriving late (in window) -> accepted; it was counted as a gap, so the gap is taken back;
   * a seq older than the window            -> duplicate (it cannot be told apart from a retry; dropping is
                                               the safe side: nothing is counted twice).
-A new ``boot_id`` starts a fresh seq space (the engine restarted); batches that still arrive from a
-retired boot are treated as duplicates. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
+A new ``boot_id`` starts a fresh seq space (the engine restarted); a late retry of a retired boot (a seq
+it had already sent) is a duplicate. A retired boot that sends a seq *above* the last one seen from it is
+still running: two live engines were started with the same ``engine_id``. That is a ``conflict``
+(:attr:`EngineBook.id_conflicts`, refused with 409 so the second engine's log says why) rather than a
+silent duplicate. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ WINDOW = 4096
 RETIRED_BOOTS = 8
 #: Every counter kept here stays at or below this (float64 holds it exactly, Prometheus samples are float64).
 COUNTER_CAP = 2**53 - 1
+#: A retired boot whose last seq is unknown (restored from an older snapshot): only a retry, never a conflict.
+MAX_SEQ_ANY = COUNTER_CAP
 
 
 def _count(value: object) -> int:
@@ -41,6 +46,10 @@ class EngineBook:
     max_seq: int = -1
     seen: set[int] = field(default_factory=set)
     retired_boots: list[str] = field(default_factory=list)
+    retired_max_seq: dict[str, int] = field(default_factory=dict)  # highest seq seen from each retired boot
+    id_conflicts: int = 0  # batches of a retired boot that was still running: the id is shared
+    conflict_boot: str = ""  # the other boot of the last conflict
+    conflict_at: float | None = None
     gaps: int = 0
     dropped_prev_boots: int = 0
     dropped_this_boot: int = 0
@@ -63,7 +72,7 @@ class EngineBook:
             return "accepted", 0  # first contact: what came before this controller is unknown, not missing
         if boot_id != self.boot_id:
             if boot_id in self.retired_boots:
-                return "stale", 0
+                return ("conflict" if seq > self.retired_max_seq.get(boot_id, MAX_SEQ_ANY) else "stale"), 0
             return "accepted", seq  # a new boot: seqs 0..seq-1 of it are missing
         if seq > self.max_seq:
             return "accepted", seq - self.max_seq - 1
@@ -73,10 +82,20 @@ class EngineBook:
             return "accepted", -1
         return "duplicate", 0
 
+    def record_conflict(self, boot_id: str, seq: int, now: float) -> None:
+        """A retired boot is still sending: count it, remember its progress (each new batch counts once)."""
+        self.id_conflicts = min(COUNTER_CAP, self.id_conflicts + 1)
+        self.retired_max_seq[boot_id] = seq
+        self.conflict_boot = boot_id
+        self.conflict_at = now
+
     def record(self, boot_id: str, seq: int, gap_delta: int, dropped_steps: int) -> None:
         if boot_id != self.boot_id:
             if self.boot_id:
                 self.retired_boots = (self.retired_boots + [self.boot_id])[-RETIRED_BOOTS:]
+                self.retired_max_seq[self.boot_id] = self.max_seq
+                self.retired_max_seq = {b: self.retired_max_seq[b] for b in self.retired_boots
+                                        if b in self.retired_max_seq}
             self.boot_id = boot_id
             self.max_seq = -1
             self.seen = set()
@@ -99,6 +118,8 @@ class EngineBook:
             "spec_full_cuda_graphs": self.spec_full_cuda_graphs,
             "model_free_methods": list(self.model_free_methods), "max_seq": self.max_seq,
             "seen": sorted(self.seen), "retired_boots": list(self.retired_boots), "gaps": self.gaps,
+            "retired_max_seq": dict(self.retired_max_seq), "id_conflicts": self.id_conflicts,
+            "conflict_boot": self.conflict_boot, "conflict_at": self.conflict_at,
             "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
             "outcomes": dict(self.outcomes), "steps": self.steps, "step_seconds": self.step_seconds,
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
@@ -121,6 +142,11 @@ class EngineBook:
             raise ValueError("seq out of range")
         b.retired_boots = [str(x) for x in d.get("retired_boots", [])][-RETIRED_BOOTS:]
         b.gaps = _count(d.get("gaps", 0))
+        b.retired_max_seq = {str(k): min(COUNTER_CAP, max(-1, int(v)))
+                             for k, v in dict(d.get("retired_max_seq", {})).items() if str(k) in b.retired_boots}
+        b.id_conflicts = _count(d.get("id_conflicts", 0))
+        b.conflict_boot = str(d.get("conflict_boot", ""))
+        b.conflict_at = None if d.get("conflict_at") is None else float(d["conflict_at"])
         b.dropped_prev_boots = _count(d.get("dropped_prev_boots", 0))
         b.dropped_this_boot = _count(d.get("dropped_this_boot", 0))
         outcomes = d.get("outcomes", {})

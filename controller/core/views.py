@@ -98,6 +98,10 @@ class EngineView:
     policy_age_s: float | None
     batch_size: float | None
     category_mix: dict  # category -> requests per step
+    #: batches of another running engine with this id (a retired boot still sending): the id is shared
+    id_conflicts: int = 0
+    conflict_boot: str | None = None
+    last_conflict_age_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +153,7 @@ class EngineMetrics:
     policy_age_s: float | None
     steps: int
     step_seconds: float
+    id_conflicts: int = 0
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ def _engine_families(snapshot: Any) -> list[Metric]:
     age = _gauge("specctl_policy_age_seconds", "Seconds since the engine was last sent a policy", ["engine"])
     steps = _counter("specctl_steps", "Engine steps reported", ["model_name", "engine"])
     step_s = _counter("specctl_step_seconds", "Engine step wall time reported, seconds", ["model_name", "engine"])
+    conflicts = _counter("specctl_engine_id_conflicts", "Batches from a second running engine with the same engine "
+                         "id (refused with 409): two engines share one SPECCTL_ENGINE_ID", ["engine"])
     for row in snapshot.engines:
         for outcome, count in sorted(row.batches.items()):
             batches.add_metric([row.engine, outcome], count)
@@ -134,9 +136,11 @@ def _engine_families(snapshot: Any) -> list[Metric]:
             age.add_metric([row.engine], row.policy_age_s)
         steps.add_metric([row.model, row.engine], row.steps)
         step_s.add_metric([row.model, row.engine], row.step_seconds)
+        if row.id_conflicts:
+            conflicts.add_metric([row.engine], row.id_conflicts)
     if snapshot.rejected_unknown_engine:
         batches.add_metric([UNKNOWN_ENGINE, "rejected"], snapshot.rejected_unknown_engine)
-    return [batches, gaps, dropped, age, steps, step_s]
+    return [batches, gaps, dropped, age, steps, step_s, conflicts]
 
 
 def _other_families(snapshot: Any) -> list[Metric]:

@@ -19,6 +19,8 @@ _REASONS = {
     401: "bearer token missing",
     403: "bearer token not valid for this operation",
     404: "not found",
+    408: "the request body did not arrive within SPECCTL_BODY_TIMEOUT_S",
+    409: "the engine id is used by two running engines (interleaved boot ids)",
     413: "request body too large",
     415: "body is not application/json",
     422: "well-formed but invalid: the errors list says which fields and why",

@@ -107,3 +107,15 @@ def test_disk_full_reported_as_disk_full(client, runtime):
     assert response.status_code == 503
     detail = response.json()["detail"]
     assert "disk full" in detail and "cannot rollback" not in detail
+
+
+def test_shared_engine_id_is_refused_with_a_reason_and_exposed(client):
+    assert post(client, batch(0, boot_id="boot-a")).status_code == 200
+    assert post(client, batch(0, boot_id="boot-b")).status_code == 200  # looks like a restart
+    refused = post(client, batch(1, boot_id="boot-a"))  # ... but boot-a is still running
+    assert refused.status_code == 409 and "two running engines" in refused.json()["detail"]
+    engine = client.get("/v1/engines").json()[0]
+    assert engine["id_conflicts"] == 1 and engine["conflict_boot"] == "boot-a"
+    metrics = client.get("/metrics").text
+    assert 'specctl_engine_id_conflicts_total{engine="engine-a"} 1.0' in metrics
+    assert_all_answer(client)
