@@ -15,12 +15,14 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, category_series, model_series
 from controller.core.config import BrainConfig
 from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
 from controller.core.engines import EngineBook
@@ -192,6 +194,9 @@ class Brain:
         self._version = 0
         self._rejected_unknown = 0
         self._decision_errors: dict[str, int] = {}
+        self._series = GLOBAL_SERIES
+        self.budget_refusals = 0
+        self.evictions = 0
         self.last_decision_error: tuple[str, str] | None = None  # (model, why), for the service to log
         self.load_problems: list[str] = []  # what load() left out of a snapshot
         self._z = z_for(config.learner.confidence)
@@ -208,17 +213,34 @@ class Brain:
             raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
                                  f"{batch.boot_id!r} and boot {book.boot_id!r}): give each engine its own "
                                  "SPECCTL_ENGINE_ID", status=409)
+        if outcome == "suspect":
+            book.record_suspect(batch.boot_id, batch.seq)
         if outcome != "accepted":
             if batch.engine_id in self._engines:
                 book.outcomes["duplicate"] += 1
             return IngestResult("duplicate", book.gaps)
         ms = self._models.get(batch.model_name)
+        new_model = ms is None
         if ms is None:
             ms = ModelState(batch.model_name, self._preset, self.config.learner)
         digest = ms.digest(batch, self.config.learner.max_categories_per_model)
+        extra = (0 if batch.engine_id in self._engines else ENGINE_SERIES) + (MODEL_SERIES if new_model else 0)
+        charge = extra + self._charge(ms, digest, batch.spec.k_max)
+        if charge and self._series + charge > self.config.budget.max_series:
+            # the budget is full: new category names pool into the overflow category, as beyond the cap
+            digest = ms.digest(batch, min(self.config.learner.max_categories_per_model, len(ms.categories)))
+            charge = extra + self._charge(ms, digest, batch.spec.k_max)
+            if self._series + charge > self.config.budget.max_series:
+                self.budget_refusals += 1
+                raise IngestRejected(
+                    f"learned-state budget full ({self._series} of {self.config.budget.max_series} series, this "
+                    f"batch needs {charge} more): state idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings "
+                    "is forgotten, or an operator can forget it (POST /v1/forget)", status=429)
         # nothing above mutated state: a rejection leaves everything as it was
         self._models.setdefault(batch.model_name, ms)
         self._engines.setdefault(batch.engine_id, book)
+        self._series += charge
+        ms.charged_k = max(ms.charged_k, batch.spec.k_max)
         ms.apply(digest, now, self.config.learner, book.mix)
         book.record(batch.boot_id, batch.seq, gap_delta, batch.dropped_steps)
         book.model = batch.model_name
@@ -234,10 +256,15 @@ class Brain:
         return IngestResult("accepted", book.gaps)
 
     def _validate(self, batch: TelemetryBatch, book: EngineBook | None) -> None:
-        if book is None and len(self._engines) >= MAX_ENGINES:
-            raise IngestRejected(f"too many engines (limit {MAX_ENGINES})")
-        if batch.model_name not in self._models and len(self._models) >= MAX_MODELS:
-            raise IngestRejected(f"too many models (limit {MAX_MODELS})")
+        budget = self.config.budget
+        if book is None and len(self._engines) >= budget.max_engines:
+            self.budget_refusals += 1
+            raise IngestRejected(f"too many engines (limit {budget.max_engines}; an engine idle for "
+                                 f"{budget.engine_idle_s:g} s is forgotten)", status=429)
+        if batch.model_name not in self._models and len(self._models) >= budget.max_models:
+            self.budget_refusals += 1
+            raise IngestRejected(f"too many models (limit {budget.max_models}; a model idle for "
+                                 f"{budget.model_idle_s:g} s is forgotten)", status=429)
         if book is not None and book.boot_id == batch.boot_id and book.model and book.model != batch.model_name:
             raise IngestRejected(f"engine {batch.engine_id} reports model {book.model!r} in this boot, "
                                  f"not {batch.model_name!r}")
@@ -265,6 +292,113 @@ class Brain:
             if requests > step.batch_size:
                 raise IngestRejected(f"step {i}: categories hold {requests} requests, batch_size is "
                                      f"{step.batch_size}")
+
+    # -- the budget ------------------------------------------------------------------------------------------
+    def _charge(self, ms: ModelState, digest, k_max: int) -> int:
+        """Series the digest would add to ``ms`` (new categories, new methods, a larger k); 0 for most batches."""
+        k = max(ms.charged_k, k_max)
+        methods: dict[str, set[str]] = {}
+        for cat, method, _cf in (*digest.hists, *digest.asks):
+            st = ms.categories.get(cat)
+            if st is None or method not in st.methods:
+                methods.setdefault(cat, set(st.methods) if st is not None else set()).add(method)
+        for cat in digest.new_categories:
+            methods.setdefault(cat, set())
+        if not methods and k <= ms.charged_k:
+            return 0
+        before = sum(category_series(ms.charged_k, len(st.methods)) for st in ms.categories.values())
+        after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods))
+                    for c, st in ms.categories.items())
+        after += sum(category_series(k, len(m)) for c, m in methods.items() if c not in ms.categories)
+        return after - before
+
+    def _recount(self) -> None:
+        self._series = GLOBAL_SERIES + ENGINE_SERIES * len(self._engines) + sum(
+            model_series(ms.charged_k, [len(st.methods) for st in ms.categories.values()])
+            for ms in self._models.values())
+
+    @property
+    def series(self) -> int:
+        """Series the learned state is charged (an upper bound on what a scrape exports)."""
+        return self._series
+
+    def evict_idle(self, now: float) -> list[tuple[str, str]]:
+        """Forget engines, categories and models not seen for their idle time; what was forgotten, as
+        (kind, name) with kind engine | model | category (name ``json.dumps([model, category])``)."""
+        b = self.config.budget
+        out: list[tuple[str, str]] = []
+        for book in self._engines.values():  # restored without a time: the idle clock starts now
+            book.last_seen = now if book.last_seen is None else book.last_seen
+        for ms in self._models.values():
+            ms.last_seen = now if ms.last_seen is None else ms.last_seen
+            for st in ms.categories.values():
+                st.last_seen = now if st.last_seen is None else st.last_seen
+        for eid, book in list(self._engines.items()):
+            if book.last_seen is not None and now - book.last_seen > b.engine_idle_s:
+                self._drop_engine(eid)
+                out.append(("engine", eid))
+        for model, ms in list(self._models.items()):
+            if ms.last_seen is not None and now - ms.last_seen > b.model_idle_s:
+                self._drop_model(model)
+                out.append(("model", model))
+                continue
+            for cat, st in list(ms.categories.items()):
+                if st.last_seen is not None and now - st.last_seen > b.category_idle_s:
+                    self._drop_category(ms, cat)
+                    out.append(("category", category_key(model, cat)))
+        if out:
+            self._recount()
+            self.evictions += len(out)
+        return out
+
+    def forget(self, kind: str, name: str) -> bool:
+        """An operator's eviction (same effect as the idle sweep); False when there was nothing to forget."""
+        if kind == "engine" and name in self._engines:
+            self._drop_engine(name)
+        elif kind == "model" and name in self._models:
+            self._drop_model(name)
+        elif kind == "category":
+            model, cat = json.loads(name)
+            ms = self._models.get(model)
+            if ms is None or cat not in ms.categories:
+                return False
+            self._drop_category(ms, cat)
+        else:
+            return False
+        self._recount()
+        return True
+
+    def apply_forgotten(self, items: Iterable[tuple[str, str, float]], snapshot_ts: float | None) -> int:
+        """Forget again what was evicted after the snapshot this Brain was loaded from (a restart never
+        brings it back); returns how many were dropped."""
+        dropped = 0
+        for kind, name, ts in items:
+            if snapshot_ts is None or ts >= snapshot_ts:
+                try:
+                    dropped += self.forget(kind, name)
+                except (ValueError, TypeError):
+                    continue
+        return dropped
+
+    def _drop_engine(self, engine_id: str) -> None:
+        self._engines.pop(engine_id, None)
+        for cache in (self._decisions, self._served):
+            for key in [k for k in cache if k[4] == engine_id]:
+                cache.pop(key, None)
+
+    def _drop_model(self, model: str) -> None:
+        self._models.pop(model, None)
+        self._decision_errors.pop(model, None)
+        for cache in (self._decisions, self._served):
+            for key in [k for k in cache if k[0] == model]:
+                cache.pop(key, None)
+
+    def _drop_category(self, ms: ModelState, category: str) -> None:
+        ms.categories.pop(category, None)
+        mixes = [ms.mix] + [b.mix for b in self._engines.values() if b.model == ms.name]
+        for mix in mixes:
+            mix.per_category.pop(category, None)
+            mix.committed_per_category.pop(category, None)
 
     def record_rejected(self, engine_id: str | None) -> None:
         book = self._engines.get(engine_id) if engine_id else None
@@ -591,7 +725,8 @@ class Brain:
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
         return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
-                               self._rejected_unknown, tuple(matches), tuple(sorted(self._decision_errors.items())))
+                               self._rejected_unknown, tuple(matches), tuple(sorted(self._decision_errors.items())),
+                               self._series, self.config.budget.max_series, self.evictions, self.budget_refusals)
 
     def _model_metrics(self, model: str, ms: ModelState, now: float) -> tuple[list, list, list, list]:
         ls = self.config.learner
@@ -671,24 +806,44 @@ class Brain:
         except (TypeError, ValueError, OverflowError):
             brain.load_problems.append("bad counters")
         for name, md in _items(data.get("models")):
-            if len(brain._models) >= MAX_MODELS:
+            if len(brain._models) >= config.budget.max_models:
                 brain.load_problems.append("too many models")
                 break
             try:
                 ms = ModelState.from_dict(str(name), md, brain._preset, config.learner)
                 brain._check_model(ms)
                 brain._models[str(name)] = ms
+                brain.load_problems.extend(f"model {str(name)[:64]!r}: category {c!r} does not validate"
+                                           for c in ms.load_skipped)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
                 brain.load_problems.append(f"model {str(name)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
         for eid, ed in _items(data.get("engines")):
-            if len(brain._engines) >= MAX_ENGINES:
+            if len(brain._engines) >= config.budget.max_engines:
                 brain.load_problems.append("too many engines")
                 break
             try:
                 brain._engines[str(eid)] = EngineBook.from_dict(ed)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 brain.load_problems.append(f"engine {str(eid)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
+        brain._recount()
+        if brain._series > config.budget.max_series:  # a smaller budget than the snapshot was taken under
+            brain.load_problems.append(f"{brain._series} series over the budget of {config.budget.max_series}")
+            brain._shrink_to_budget()
         return brain
+
+    def _shrink_to_budget(self) -> None:
+        """Forget the least recently seen categories, then engines, until the state fits the budget."""
+        cats = sorted(((st.last_seen or 0.0, m, c) for m, ms in self._models.items() for c, st in ms.categories.items()))
+        for _seen, model, cat in cats:
+            if self._series <= self.config.budget.max_series:
+                return
+            self._drop_category(self._models[model], cat)
+            self._recount()
+        for eid in sorted(self._engines, key=lambda e: self._engines[e].last_seen or 0.0):
+            if self._series <= self.config.budget.max_series:
+                return
+            self._drop_engine(eid)
+            self._recount()
 
     def _check_model(self, ms: ModelState) -> None:
         """Raise ValueError when restored state holds a number outside what ingest can produce."""
@@ -706,6 +861,11 @@ class Brain:
                   *ms.mix.per_category.values(), *ms.mix.committed_per_category.values()):
             if not math.isfinite(v):
                 raise ValueError("non-finite batch mix")
+
+
+def category_key(model: str, category: str) -> str:
+    """The name of a (model, category) in eviction records: ``json.dumps([model, category])``."""
+    return json.dumps([model, category])
 
 
 def _items(d) -> list:

@@ -8,8 +8,9 @@ set of seqs seen in the last ``WINDOW`` below it:
   * a seq older than the window            -> duplicate (it cannot be told apart from a retry; dropping is
                                               the safe side: nothing is counted twice).
 A new ``boot_id`` starts a fresh seq space (the engine restarted); a late retry of a retired boot (a seq
-it had already sent) is a duplicate. A retired boot that sends a seq *above* the last one seen from it is
-still running: two live engines were started with the same ``engine_id``. That is a ``conflict``
+it had already sent) is a duplicate. A retired boot that sends a seq *above* the last one seen from it a
+second time is still running: two live engines were started with the same ``engine_id`` (the first such
+batch may be one in flight across a restart and counts as a duplicate). That is a ``conflict``
 (:attr:`EngineBook.id_conflicts`, refused with 409 so the second engine's log says why) rather than a
 silent duplicate. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
 """
@@ -50,6 +51,7 @@ class EngineBook:
     id_conflicts: int = 0  # batches of a retired boot that was still running: the id is shared
     conflict_boot: str = ""  # the other boot of the last conflict
     conflict_at: float | None = None
+    suspect_boots: set[str] = field(default_factory=set)  # retired boots that sent one new seq
     gaps: int = 0
     dropped_prev_boots: int = 0
     dropped_this_boot: int = 0
@@ -72,7 +74,11 @@ class EngineBook:
             return "accepted", 0  # first contact: what came before this controller is unknown, not missing
         if boot_id != self.boot_id:
             if boot_id in self.retired_boots:
-                return ("conflict" if seq > self.retired_max_seq.get(boot_id, MAX_SEQ_ANY) else "stale"), 0
+                if seq <= self.retired_max_seq.get(boot_id, MAX_SEQ_ANY):
+                    return "stale", 0
+                # a seq the old boot never sent: once may be a batch in flight across a restart, twice is a
+                # second engine still running under this id
+                return ("conflict" if boot_id in self.suspect_boots else "suspect"), 0
             return "accepted", seq  # a new boot: seqs 0..seq-1 of it are missing
         if seq > self.max_seq:
             return "accepted", seq - self.max_seq - 1
@@ -81,6 +87,11 @@ class EngineBook:
         if seq > self.max_seq - WINDOW:
             return "accepted", -1
         return "duplicate", 0
+
+    def record_suspect(self, boot_id: str, seq: int) -> None:
+        """A retired boot sent a seq it had not sent before (taken as a late batch, a duplicate, this once)."""
+        self.suspect_boots = (self.suspect_boots | {boot_id}) & set(self.retired_boots)
+        self.retired_max_seq[boot_id] = seq
 
     def record_conflict(self, boot_id: str, seq: int, now: float) -> None:
         """A retired boot is still sending: count it, remember its progress (each new batch counts once)."""

@@ -160,7 +160,18 @@ def _other_families(snapshot: Any) -> list[Metric]:
                       "last good decision was served instead (each is logged)", ["model_name"])
     for model, count in snapshot.decision_errors:
         errors.add_metric([model], count)
-    return [ratio, overrides, overflow, errors]
+    series = _gauge("specctl_series", "Series the learned state is charged against the budget (an upper bound on "
+                    "what this endpoint exports)", [])
+    series.add_metric([], snapshot.series)
+    budget = _gauge("specctl_series_budget", "The learned-state budget, in series (SPECCTL_BUDGET_MAX_SERIES)", [])
+    budget.add_metric([], snapshot.series_budget)
+    evictions = _counter("specctl_evictions", "Engines, models and categories forgotten (idle, or by an operator)",
+                         [])
+    evictions.add_metric([], snapshot.evictions)
+    refusals = _counter("specctl_budget_refusals", "Telemetry batches refused (429) because the learned-state "
+                        "budget or an engine/model cap was full", [])
+    refusals.add_metric([], snapshot.budget_refusals)
+    return [ratio, overrides, overflow, errors, series, budget, evictions, refusals]
 
 
 def _service_families(runtime: Any) -> list[Metric]:

@@ -21,6 +21,7 @@ _REASONS = {
     404: "not found",
     408: "the request body did not arrive within SPECCTL_BODY_TIMEOUT_S",
     409: "the engine id is used by two running engines (interleaved boot ids)",
+    429: "the learned-state budget or the engine/model cap is full (SPECCTL_BUDGET_*): the reason says which",
     413: "request body too large",
     415: "body is not application/json",
     422: "well-formed but invalid: the errors list says which fields and why",

@@ -37,6 +37,7 @@ def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | Non
     ``quarantined_snapshots`` table, logged) and the next older one is tried; one that loads only in part
     is copied there and its valid part kept. Nothing here stops the service.
     """
+    partial: tuple[Brain, float] | None = None
     for snapshot_id, ts, data in store.latest_snapshots():
         try:
             brain = Brain.load(data, config) if data is not None else None
@@ -50,11 +51,15 @@ def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | Non
                         extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "error": reason})
             store.quarantine_snapshot(snapshot_id, reason)
             continue
-        if brain.load_problems:
-            log.warning("snapshot loaded in part, copy quarantined",
-                        extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "problems": brain.load_problems[:10]})
-            store.quarantine_snapshot(snapshot_id, "; ".join(brain.load_problems)[:500], keep=True)
-        return brain, ts
+        if not brain.load_problems:
+            return brain, ts
+        # parts of it do not validate: kept for inspection; an older snapshot that loads whole is preferred
+        log.warning("snapshot loads only in part, copy quarantined",
+                    extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "problems": brain.load_problems[:10]})
+        store.quarantine_snapshot(snapshot_id, "; ".join(brain.load_problems)[:500], keep=True)
+        partial = partial or (brain, ts)
+    if partial is not None:
+        return partial
     return Brain(config), None
 
 
@@ -175,6 +180,31 @@ class Runtime:
     def dump(self) -> dict[str, Any]:
         with self._brain_lock:
             return self._brain.dump()
+
+    def series(self) -> int:
+        with self._brain_lock:
+            return self._brain.series
+
+    # -- the budget: idle eviction and an operator's forget (remembered in the file first) ------------
+
+    async def evict_idle(self) -> list[tuple[str, str]]:
+        """Forget what was idle too long; tombstones are written so a restart does not bring it back."""
+        now = self.clock.now()
+        with self._brain_lock:
+            evicted = self._brain.evict_idle(now)
+        if evicted:
+            await self._write(self.store.record_forgotten, evicted, now)
+            log.info("idle state forgotten", extra={"count": len(evicted), "items": [f"{k}:{n}" for k, n in evicted[:20]]})
+        return evicted
+
+    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+        now = self.clock.now()
+        with self._brain_lock:
+            done = self._brain.forget(kind, name)
+        if done:
+            await self._write(self.store.record_forgotten, [(kind, name)], now)
+            log.info("state forgotten", extra={"kind": kind, "name": name, "actor": actor, "reason": reason})
+        return done
 
     # -- overrides (file first, then memory) ---------------------------------------------------------
 

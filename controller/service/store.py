@@ -284,6 +284,8 @@ class Store:
                 "DELETE FROM snapshots WHERE id NOT IN (SELECT id FROM snapshots ORDER BY id DESC LIMIT ?)",
                 (self._snapshots_kept,),
             )
+            # a tombstone older than every kept snapshot has nothing left to keep from coming back
+            conn.execute("DELETE FROM forgotten WHERE ts < (SELECT min(ts) FROM snapshots)")
             return int(cur.lastrowid or 0)
 
         return self._transaction(body)
@@ -329,10 +331,6 @@ class Store:
 
         if items:
             self._transaction(body)
-
-    def clear_forgotten(self, before_ts: float) -> None:
-        """Drop the tombstones older than every kept snapshot (no snapshot can resurrect those any more)."""
-        self._transaction(lambda conn: conn.execute("DELETE FROM forgotten WHERE ts < ?", (before_ts,)))
 
     def forgotten(self) -> list[tuple[str, str, float]]:
         with self._lock:

@@ -31,7 +31,7 @@ def _engine_id_of(raw: bytes) -> str | None:
     "/telemetry",
     response_model=TelemetryAck,
     openapi_extra=json_body(TelemetryBatch),
-    responses=responses(400, 401, 403, 408, 409, 413, 415, 422),
+    responses=responses(400, 401, 403, 408, 409, 413, 415, 422, 429),
     summary="Report engine steps; answer carries the policy for this engine",
 )
 async def post_telemetry(request: Request, runtime: IngestRuntime) -> Response:

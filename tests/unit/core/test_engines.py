@@ -13,6 +13,8 @@ def feed(book, batches):
             book.record(boot, seq, gap, 0)
         elif outcome == "conflict":
             book.record_conflict(boot, seq, 0.0)
+        elif outcome == "suspect":
+            book.record_suspect(boot, seq)
         outcomes.append(outcome)
     return outcomes
 
@@ -22,13 +24,16 @@ def feed(book, batches):
     [
         # a restart: the old boot's late retry of a seq it had sent is a duplicate ("stale"), no conflict
         ([("a", 0), ("a", 1), ("b", 0), ("a", 1)], ["accepted", "accepted", "accepted", "stale"], 0),
+        # a restart with one batch of the old boot still in flight: not a conflict
+        ([("a", 0), ("b", 0), ("a", 1), ("b", 1)], ["accepted", "accepted", "suspect", "accepted"], 0),
         # two engines, one id: boot a keeps sending new seqs after boot b appeared
-        ([("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2)],
-         ["accepted", "accepted", "conflict", "accepted", "conflict"], 2),
+        ([("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("a", 3)],
+         ["accepted", "accepted", "suspect", "accepted", "conflict", "conflict"], 2),
         # each new batch of the other engine counts once; a retry of it does not count again
-        ([("a", 5), ("b", 0), ("a", 6), ("a", 6)], ["accepted", "accepted", "conflict", "stale"], 1),
+        ([("a", 5), ("b", 0), ("a", 6), ("a", 7), ("a", 7)], ["accepted", "accepted", "suspect", "conflict", "stale"],
+         1),
     ],
-    ids=["restart", "interleaved", "retry-of-conflict"],
+    ids=["restart", "in-flight", "interleaved", "retry-of-conflict"],
 )
 def test_shared_id_detected(batches, outcomes, conflicts):
     book = EngineBook("e")
@@ -38,10 +43,10 @@ def test_shared_id_detected(batches, outcomes, conflicts):
 
 def test_conflict_state_round_trips():
     book = EngineBook("e")
-    feed(book, [("a", 0), ("b", 0), ("a", 1)])
+    feed(book, [("a", 0), ("b", 0), ("a", 1), ("a", 2)])
     back = EngineBook.from_dict(book.to_dict())
-    assert (back.id_conflicts, back.conflict_boot, back.retired_max_seq) == (1, "a", {"a": 1})
-    assert feed(back, [("a", 2)]) == ["conflict"]
+    assert (back.id_conflicts, back.conflict_boot, back.retired_max_seq) == (1, "a", {"a": 2})
+    assert feed(back, [("a", 3), ("a", 4)]) == ["suspect", "conflict"]
 
 
 @pytest.mark.parametrize(

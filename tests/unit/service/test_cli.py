@@ -161,7 +161,8 @@ def test_status_escapes_model_names(client, routed):
 def test_status_warns_of_a_shared_engine_id(client, routed):
     client.post("/v1/telemetry", json=batch(0, boot_id="boot-a"), headers=INGEST)
     client.post("/v1/telemetry", json=batch(0, boot_id="boot-b"), headers=INGEST)
-    client.post("/v1/telemetry", json=batch(1, boot_id="boot-a"), headers=INGEST)  # boot-a is still running
+    client.post("/v1/telemetry", json=batch(1, boot_id="boot-a"), headers=INGEST)
+    client.post("/v1/telemetry", json=batch(2, boot_id="boot-a"), headers=INGEST)  # boot-a is still running
     result = run("status")
     assert result.exit_code == 0 and "used by two running engines" in result.output
 

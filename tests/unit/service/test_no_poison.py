@@ -112,7 +112,8 @@ def test_disk_full_reported_as_disk_full(client, runtime):
 def test_shared_engine_id_is_refused_with_a_reason_and_exposed(client):
     assert post(client, batch(0, boot_id="boot-a")).status_code == 200
     assert post(client, batch(0, boot_id="boot-b")).status_code == 200  # looks like a restart
-    refused = post(client, batch(1, boot_id="boot-a"))  # ... but boot-a is still running
+    assert post(client, batch(1, boot_id="boot-a")).json()["outcome"] == "duplicate"  # maybe in flight
+    refused = post(client, batch(2, boot_id="boot-a"))  # ... but boot-a is still running
     assert refused.status_code == 409 and "two running engines" in refused.json()["detail"]
     engine = client.get("/v1/engines").json()[0]
     assert engine["id_conflicts"] == 1 and engine["conflict_boot"] == "boot-a"
