@@ -25,7 +25,7 @@ from typing import Literal
 from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, category_series, model_series
 from controller.core.config import BrainConfig
 from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
-from controller.core.engines import EngineBook
+from controller.core.engines import COUNTER_CAP, EngineBook
 from controller.core.entropy import classify
 from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
 from controller.core.learner import ModelState
@@ -247,7 +247,7 @@ class Brain:
         book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
         book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
         book.model_free_methods = tuple(batch.spec.model_free_methods)
-        book.steps += digest.steps
+        book.steps = min(COUNTER_CAP, book.steps + digest.steps)
         book.step_seconds += digest.step_seconds
         book.last_seen = now
         if batch.policy_version is not None:

@@ -110,7 +110,7 @@ class EngineBook:
             self.boot_id = boot_id
             self.max_seq = -1
             self.seen = set()
-            self.dropped_prev_boots += self.dropped_this_boot
+            self.dropped_prev_boots = min(COUNTER_CAP, self.dropped_prev_boots + self.dropped_this_boot)
             self.dropped_this_boot = 0
         self.seen.add(seq)
         if seq > self.max_seq:

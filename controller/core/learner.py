@@ -183,11 +183,11 @@ class ModelState:
         for cat, n in d.requests.items():
             st = self.categories[cat]
             st.last_seen = now
-            st.request_steps += n
-            st.committed_tokens += d.committed.get(cat, 0)
-            st.spec_off_request_steps += d.spec_off.get(cat, 0)
-        self.overflow_steps += d.overflowed
-        self.dropped_methods += d.dropped_methods
+            st.request_steps = min(COUNTER_CAP, st.request_steps + n)
+            st.committed_tokens = min(COUNTER_CAP, st.committed_tokens + d.committed.get(cat, 0))
+            st.spec_off_request_steps = min(COUNTER_CAP, st.spec_off_request_steps + d.spec_off.get(cat, 0))
+        self.overflow_steps = min(COUNTER_CAP, self.overflow_steps + d.overflowed)
+        self.dropped_methods = min(COUNTER_CAP, self.dropped_methods + d.dropped_methods)
         for mix in (self.mix, engine_mix):
             mix.decay_to(now, s.mix_half_life_s)
             mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values, d.committed)
