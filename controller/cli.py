@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
+from urllib.parse import quote
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -26,18 +29,73 @@ EXIT_UNREACHABLE = 3
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 
+#: every command takes -h as well as --help, and its help shows each option's default and variable
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+#: The server's own rules for what goes into a URL path (checked before anything is sent); kept equal to
+#: controller.protocol.CATEGORY_PATTERN (tests/unit/service/test_cli.py checks), without importing pydantic.
+CATEGORY_RULE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
+MAX_TTL_S = 30 * 24 * 3600.0
+
 app = typer.Typer(help="Adaptive speculative-decoding controller for vLLM.", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, context_settings=CONTEXT)
 override_app = typer.Typer(help="Operator overrides: pin k, pin the method, or force speculation off.",
-                           no_args_is_help=True)
+                           no_args_is_help=True, context_settings=CONTEXT)
 app.add_typer(override_app, name="override")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"specctl {version('specctl')}")
+        except PackageNotFoundError:
+            typer.echo("specctl (not installed as a package)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Adaptive speculative-decoding controller for vLLM."""
+
+
+def printable(text: Any) -> str:
+    """``text`` safe for a terminal: control and format characters (ESC, CR, bidi overrides...) escaped."""
+    out = []
+    for ch in str(text):
+        if ch == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _segment(category: str) -> str:
+    """A category as one URL path segment: checked with the server's rule, then percent-encoded."""
+    if not CATEGORY_RULE.match(category):
+        _fail(f"invalid category {printable(category)!s}: lower-case letters, digits, '_', '.', '-', "
+              "starting with a letter or digit, at most 64 characters", EXIT_USAGE)
+    return quote(category, safe="")
+
+
+def _ttl(value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or not 0 < value <= MAX_TTL_S):
+        _fail(f"--ttl must be a finite number of seconds in (0, {MAX_TTL_S:.0f}], got {value}", EXIT_USAGE)
+    return value
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SPECCTL_CONTROLLER_URL", help="controller base URL")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the raw JSON answer")]
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"specctl: {message}", err=True)
+    typer.echo(f"specctl: {printable(message) if code != EXIT_USAGE else message}", err=True)
     raise typer.Exit(code)
 
 
@@ -153,6 +211,7 @@ def _cell(view: dict[str, Any], path: str, fmt: str) -> str:
 
 def format_table(rows: list[list[str]], headers: list[str]) -> str:
     """Left-aligned columns separated by two spaces (stable for scripts and narrow terminals)."""
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -170,6 +229,12 @@ def status(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps(views, indent=2))
         return
+    engines = _request("GET", url, "/v1/engines")
+    for e in engines:
+        if e.get("id_conflicts"):
+            typer.echo(printable(f"WARNING: engine id {e['engine_id']} is used by two running engines (boots "
+                                 f"{e['boot_id']} and {e.get('conflict_boot')}; {e['id_conflicts']} batches refused): "
+                                 "give each engine its own SPECCTL_ENGINE_ID"), err=True)
     if not views:
         typer.echo("no categories yet: no engine has reported telemetry")
         return
@@ -183,9 +248,10 @@ def status(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
 def override_set(
     category: Annotated[str, typer.Argument(help="request category, e.g. structured")],
     reason: Annotated[str, typer.Option(help="why (kept in the audit log)")],
-    k: Annotated[int | None, typer.Option("--k", help="pin the proposal length (0 = off)")] = None,
+    k: Annotated[int | None, typer.Option("--k", min=0, max=32,
+                                          help="pin the proposal length (0 = off) [default: not pinned]")] = None,
     off: Annotated[bool, typer.Option("--off", help="force speculation off")] = False,
-    method: Annotated[str | None, typer.Option(help="pin the draft method")] = None,
+    method: Annotated[str | None, typer.Option(help="pin the draft method [default: not pinned]")] = None,
     ttl: Annotated[float | None, typer.Option(help="seconds until the override expires (default: never)")] = None,
     actor: Annotated[str | None, typer.Option(help="who (default: the login name)")] = None,
     url: UrlOpt = DEFAULT_URL,
@@ -194,13 +260,15 @@ def override_set(
     """Pin k, pin the method, or force speculation off for CATEGORY (needs SPECCTL_ADMIN_TOKEN)."""
     if k is None and method is None and not off:
         _fail("give --k N, --method M or --off", EXIT_USAGE)
-    body = {"k": k, "method": method, "off": off, "ttl_s": ttl, "reason": reason, "actor": actor or _default_actor()}
-    answer = _request("PUT", url, f"/v1/overrides/{category}", admin=True, json=body)
+    segment = _segment(category)
+    body = {"k": k, "method": method, "off": off, "ttl_s": _ttl(ttl), "reason": reason,
+            "actor": actor or _default_actor()}
+    answer = _request("PUT", url, f"/v1/overrides/{segment}", admin=True, json=body)
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return
     ov = answer["override"]
-    typer.echo(f"override set for {category}: {_describe_override(ov)} (audit #{answer['audit']['id']})")
+    typer.echo(printable(f"override set for {category}: {_describe_override(ov)} (audit #{answer['audit']['id']})"))
 
 
 @override_app.command("clear")
@@ -212,8 +280,8 @@ def override_clear(
 ) -> None:
     """Remove CATEGORY's override; the policy decides again (needs SPECCTL_ADMIN_TOKEN)."""
     params = {"actor": actor or _default_actor(), "reason": reason}
-    answer = _request("DELETE", url, f"/v1/overrides/{category}", admin=True, params=params)
-    typer.echo(f"override cleared for {category} (audit #{answer['audit']['id']})")
+    answer = _request("DELETE", url, f"/v1/overrides/{_segment(category)}", admin=True, params=params)
+    typer.echo(printable(f"override cleared for {category} (audit #{answer['audit']['id']})"))
 
 
 def _describe_override(ov: dict[str, Any]) -> str:

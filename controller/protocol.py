@@ -37,6 +37,9 @@ MAX_K = 32
 MAX_STEPS_PER_BATCH = 20_000
 MAX_CATEGORIES_PER_STEP = 64
 MAX_METHODS = 16
+#: Largest ``seq`` (and policy version): 2**53 - 1 is the largest integer every JSON reader and Prometheus
+#: sample (a float64) holds exactly; at 100 batches a second an engine reaches it in 2.8 million years.
+MAX_SEQ = 2**53 - 1
 
 #: Names other tools rely on.
 CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
@@ -186,10 +189,11 @@ class TelemetryBatch(_Strict):
     engine_id: str = Field(pattern=ENGINE_ID_PATTERN)
     boot_id: str = Field(pattern=ENGINE_ID_PATTERN, description="changes when the engine restarts; seq restarts at 0")
     model_name: str = Field(min_length=1, max_length=256)
-    seq: int = Field(ge=0, description="batch sequence number per (engine_id, boot_id)")
+    seq: int = Field(ge=0, le=MAX_SEQ, description="batch sequence number per (engine_id, boot_id)")
     sent_at: float = Field(ge=0, allow_inf_nan=False, description="engine wall clock (unix seconds), informational")
     spec: SpecConfig
-    policy_version: int | None = Field(default=None, ge=0, description="policy the engine applied in these steps")
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_SEQ,
+                                       description="policy the engine applied in these steps")
     dropped_steps: int = Field(default=0, ge=0, le=2**62, description="steps dropped by the engine's bounded queue since boot")
     steps: list[StepRecord] = Field(default_factory=list, max_length=MAX_STEPS_PER_BATCH)
 

@@ -152,9 +152,45 @@ def _service(layout: Layout) -> None:
             unit="s",
             steps=SNAPSHOT_AGE,
         ),
+        stat(
+            "Decision errors in range",
+            "Decisions of a model that could not be computed: the last good decision (else the engine's static "
+            "config) was served and telemetry still acknowledged; each is logged with its reason."
+            f"\n\nMetric: `{m.DECISION_ERRORS}`",
+            f"sum(increase({m.DECISION_ERRORS}[{RANGE}]))",
+            unit="none",
+            steps=ANY_IS_BAD,
+            decimals=0,
+        ),
+        stat(
+            "Shared engine ids in range",
+            "Batches refused (409) because a second running engine uses the same engine id (alert "
+            f"SpecctlEngineIdShared).\n\nMetric: `{m.ENGINE_ID_CONFLICTS}`",
+            f"sum(increase({m.ENGINE_ID_CONFLICTS}[{RANGE}]))",
+            unit="none",
+            steps=ANY_IS_BAD,
+            decimals=0,
+        ),
     ]
     for panel in panels:
         layout.add(panel, 6, 6)
+    layout.add(
+        timeseries(
+            "Learned-state budget",
+            "Series the learned state is charged (an upper bound on what /metrics exports) against the budget "
+            "SPECCTL_BUDGET_MAX_SERIES, forgotten engines/models/categories and batches refused because the "
+            f"budget was full, per second.\n\nMetrics: `{m.SERIES}`, `{m.SERIES_BUDGET}`, `{m.EVICTIONS}`, "
+            f"`{m.BUDGET_REFUSALS}`",
+            [
+                target(f"max({m.SERIES})", "series charged"),
+                target(f"max({m.SERIES_BUDGET})", "budget"),
+                target(f"sum(rate({m.EVICTIONS}[{RATE}]))", "forgotten / s"),
+                target(f"sum(rate({m.BUDGET_REFUSALS}[{RATE}]))", "refused / s"),
+            ],
+        ),
+        12,
+        6,
+    )
     layout.add(
         timeseries(
             "Category-steps pooled into the overflow category",

@@ -48,10 +48,18 @@ MATCH_RATE = "specctl_match_rate"
 OVERFLOW_STEPS = "specctl_overflow_category_steps_total"
 HTTP_INTERNAL_ERRORS = "specctl_http_internal_errors_total"
 SNAPSHOT_AGE = "specctl_snapshot_age_seconds"
+DECISION_ERRORS = "specctl_decision_errors_total"
+ENGINE_ID_CONFLICTS = "specctl_engine_id_conflicts_total"
+SERIES = "specctl_series"
+SERIES_BUDGET = "specctl_series_budget"
+EVICTIONS = "specctl_evictions_total"
+BUDGET_REFUSALS = "specctl_budget_refusals_total"
+CLIENT_DISCONNECTS = "specctl_http_client_disconnects_total"
 
 #: Every controller metric the dashboards may query.
 SPECCTL = FIXED | {COUNTERFACTUAL_DRAFT_TOKENS, COUNTERFACTUAL_ACCEPTED, COUNTERFACTUAL_DRAFTS, MATCH_RATE,
-                   OVERFLOW_STEPS, HTTP_INTERNAL_ERRORS, SNAPSHOT_AGE}
+                   OVERFLOW_STEPS, HTTP_INTERNAL_ERRORS, SNAPSHOT_AGE, DECISION_ERRORS, ENGINE_ID_CONFLICTS, SERIES,
+                   SERIES_BUDGET, EVICTIONS, BUDGET_REFUSALS, CLIENT_DISCONNECTS}
 
 #: Exposed as <name>_bucket / _sum / _count.
 HISTOGRAMS = frozenset({ACCEPTED_PER_DRAFT})

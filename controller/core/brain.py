@@ -15,15 +15,17 @@ here does I/O or reads a clock; the service serialises calls (one lock) so no in
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, category_series, model_series
 from controller.core.config import BrainConfig
 from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
-from controller.core.engines import EngineBook
+from controller.core.engines import COUNTER_CAP, EngineBook
 from controller.core.entropy import classify
 from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
 from controller.core.learner import ModelState
@@ -52,7 +54,9 @@ from controller.core.views import (
 from controller.protocol import (
     CATEGORY_PATTERN,
     MAX_K,
+    MAX_SEQ,
     METHOD_ENGINE,
+    OVERFLOW_CATEGORY,
     METHOD_OFF,
     AdaptRule,
     CategoryPolicy,
@@ -73,11 +77,13 @@ MAX_POLICY_CATEGORIES = 1024
 
 
 class IngestRejected(Exception):
-    """A batch that passed the schema but makes no sense; the service answers 422 with ``reason``."""
+    """A batch that passed the schema but makes no sense; the service answers ``status`` (422, or 409 for an
+    engine id shared by two live engines) with ``reason``."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, status: int = 422) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,45 @@ def _engine_methods(spec: SpecConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _unsound(decision: Decision, spec: SpecConfig) -> str | None:
+    """Why a computed decision cannot be served (a non-finite number, a policy the wire refuses), else None."""
+    if not _finite(decision.batch_size, decision.goodput, decision.plain_goodput, decision.step_ms,
+                   decision.plain_step_ms):
+        return "non-finite batch figures"
+    for d in (*decision.categories, decision.default):
+        if not _finite(d.expected_committed, d.speedup, d.probe_rate, d.best_method_speedup) or not all(
+                _finite(r.expected_committed, r.step_ms, r.goodput, r.speedup) for r in d.table):
+            return f"non-finite figures for category {d.name!r}"
+        try:
+            Brain._category_policy(d, spec)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return f"category {d.name!r}: {str(exc)[:200]}"
+    return None
+
+
+def _cost_ratio(coef, method: str) -> float | None:
+    """The drafter's cost ratio for the metrics, None where the fitted plain step costs nothing (no ratio)."""
+    try:
+        ratio = coef.draft_cost_ratio(method)
+    except ZeroDivisionError:
+        return None
+    return round(ratio, 6) if math.isfinite(ratio) else None
+
+
+def _static_decision(spec: SpecConfig, problem: str) -> Decision:
+    """What the engine would run without a controller (its own drafter at its k_max), as a decision."""
+    k = spec.k_max if spec.method != METHOD_OFF else 0
+    method = spec.method if k else METHOD_OFF
+    default = CategoryDecision("default", k, method, "default",
+                               f"decision could not be computed ({problem[:200]}): the engine's static config",
+                               1.0, 1.0, k, k)
+    return Decision((), default, 1.0, 0.0, 0.0, 0.0, 0.0)
+
+
 class Brain:
     def __init__(self, config: BrainConfig) -> None:
         self.config = config
@@ -150,6 +195,12 @@ class Brain:
         self._served: dict[_Key, _Served] = {}
         self._version = 0
         self._rejected_unknown = 0
+        self._decision_errors: dict[str, int] = {}
+        self._series = GLOBAL_SERIES
+        self.budget_refusals = 0
+        self.evictions = 0
+        self.last_decision_error: tuple[str, str] | None = None  # (model, why), for the service to log
+        self.load_problems: list[str] = []  # what load() left out of a snapshot
         self._z = z_for(config.learner.confidence)
 
     # -- ingest -----------------------------------------------------------------------------------------------
@@ -159,24 +210,46 @@ class Brain:
         if book is None:
             book = EngineBook(batch.engine_id)
         outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
+        if outcome == "conflict":
+            book.record_conflict(batch.boot_id, batch.seq, now)
+            raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
+                                 f"{batch.boot_id!r} and boot {book.boot_id!r}): give each engine its own "
+                                 "SPECCTL_ENGINE_ID", status=409)
+        if outcome == "suspect":
+            book.record_suspect(batch.boot_id, batch.seq)
         if outcome != "accepted":
             if batch.engine_id in self._engines:
                 book.outcomes["duplicate"] += 1
             return IngestResult("duplicate", book.gaps)
         ms = self._models.get(batch.model_name)
+        new_model = ms is None
         if ms is None:
             ms = ModelState(batch.model_name, self._preset, self.config.learner)
         digest = ms.digest(batch, self.config.learner.max_categories_per_model)
+        extra = (0 if batch.engine_id in self._engines else ENGINE_SERIES) + (MODEL_SERIES if new_model else 0)
+        charge = extra + self._charge(ms, digest, batch.spec.k_max)
+        if charge and self._series + charge > self.config.budget.max_series:
+            # the budget is full: new category names pool into the overflow category, as beyond the cap
+            digest = ms.digest(batch, min(self.config.learner.max_categories_per_model, len(ms.categories)))
+            charge = extra + self._charge(ms, digest, batch.spec.k_max)
+            if self._series + charge > self.config.budget.max_series:
+                self.budget_refusals += 1
+                raise IngestRejected(
+                    f"learned-state budget full ({self._series} of {self.config.budget.max_series} series, this "
+                    f"batch needs {charge} more): state idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings "
+                    "is forgotten, or an operator can forget it (POST /v1/forget)", status=429)
         # nothing above mutated state: a rejection leaves everything as it was
         self._models.setdefault(batch.model_name, ms)
         self._engines.setdefault(batch.engine_id, book)
+        self._series += charge
+        ms.charged_k = max(ms.charged_k, batch.spec.k_max)
         ms.apply(digest, now, self.config.learner, book.mix)
         book.record(batch.boot_id, batch.seq, gap_delta, batch.dropped_steps)
         book.model = batch.model_name
         book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
         book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
         book.model_free_methods = tuple(batch.spec.model_free_methods)
-        book.steps += digest.steps
+        book.steps = min(COUNTER_CAP, book.steps + digest.steps)
         book.step_seconds += digest.step_seconds
         book.last_seen = now
         if batch.policy_version is not None:
@@ -185,10 +258,15 @@ class Brain:
         return IngestResult("accepted", book.gaps)
 
     def _validate(self, batch: TelemetryBatch, book: EngineBook | None) -> None:
-        if book is None and len(self._engines) >= MAX_ENGINES:
-            raise IngestRejected(f"too many engines (limit {MAX_ENGINES})")
-        if batch.model_name not in self._models and len(self._models) >= MAX_MODELS:
-            raise IngestRejected(f"too many models (limit {MAX_MODELS})")
+        budget = self.config.budget
+        if book is None and len(self._engines) >= budget.max_engines:
+            self.budget_refusals += 1
+            raise IngestRejected(f"too many engines (limit {budget.max_engines}; an engine idle for "
+                                 f"{budget.engine_idle_s:g} s is forgotten)", status=429)
+        if batch.model_name not in self._models and len(self._models) >= budget.max_models:
+            self.budget_refusals += 1
+            raise IngestRejected(f"too many models (limit {budget.max_models}; a model idle for "
+                                 f"{budget.model_idle_s:g} s is forgotten)", status=429)
         if book is not None and book.boot_id == batch.boot_id and book.model and book.model != batch.model_name:
             raise IngestRejected(f"engine {batch.engine_id} reports model {book.model!r} in this boot, "
                                  f"not {batch.model_name!r}")
@@ -217,6 +295,113 @@ class Brain:
                 raise IngestRejected(f"step {i}: categories hold {requests} requests, batch_size is "
                                      f"{step.batch_size}")
 
+    # -- the budget ------------------------------------------------------------------------------------------
+    def _charge(self, ms: ModelState, digest, k_max: int) -> int:
+        """Series the digest would add to ``ms`` (new categories, new methods, a larger k); 0 for most batches."""
+        k = max(ms.charged_k, k_max)
+        methods: dict[str, set[str]] = {}
+        for cat, method, _cf in (*digest.hists, *digest.asks):
+            st = ms.categories.get(cat)
+            if st is None or method not in st.methods:
+                methods.setdefault(cat, set(st.methods) if st is not None else set()).add(method)
+        for cat in digest.new_categories:
+            methods.setdefault(cat, set())
+        if not methods and k <= ms.charged_k:
+            return 0
+        before = sum(category_series(ms.charged_k, len(st.methods)) for st in ms.categories.values())
+        after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods))
+                    for c, st in ms.categories.items())
+        after += sum(category_series(k, len(m)) for c, m in methods.items() if c not in ms.categories)
+        return after - before
+
+    def _recount(self) -> None:
+        self._series = GLOBAL_SERIES + ENGINE_SERIES * len(self._engines) + sum(
+            model_series(ms.charged_k, [len(st.methods) for st in ms.categories.values()])
+            for ms in self._models.values())
+
+    @property
+    def series(self) -> int:
+        """Series the learned state is charged (an upper bound on what a scrape exports)."""
+        return self._series
+
+    def evict_idle(self, now: float) -> list[tuple[str, str]]:
+        """Forget engines, categories and models not seen for their idle time; what was forgotten, as
+        (kind, name) with kind engine | model | category (name ``json.dumps([model, category])``)."""
+        b = self.config.budget
+        out: list[tuple[str, str]] = []
+        for book in self._engines.values():  # restored without a time: the idle clock starts now
+            book.last_seen = now if book.last_seen is None else book.last_seen
+        for ms in self._models.values():
+            ms.last_seen = now if ms.last_seen is None else ms.last_seen
+            for st in ms.categories.values():
+                st.last_seen = now if st.last_seen is None else st.last_seen
+        for eid, book in list(self._engines.items()):
+            if book.last_seen is not None and now - book.last_seen > b.engine_idle_s:
+                self._drop_engine(eid)
+                out.append(("engine", eid))
+        for model, ms in list(self._models.items()):
+            if ms.last_seen is not None and now - ms.last_seen > b.model_idle_s:
+                self._drop_model(model)
+                out.append(("model", model))
+                continue
+            for cat, st in list(ms.categories.items()):
+                if st.last_seen is not None and now - st.last_seen > b.category_idle_s:
+                    self._drop_category(ms, cat)
+                    out.append(("category", category_key(model, cat)))
+        if out:
+            self._recount()
+            self.evictions += len(out)
+        return out
+
+    def forget(self, kind: str, name: str) -> bool:
+        """An operator's eviction (same effect as the idle sweep); False when there was nothing to forget."""
+        if kind == "engine" and name in self._engines:
+            self._drop_engine(name)
+        elif kind == "model" and name in self._models:
+            self._drop_model(name)
+        elif kind == "category":
+            model, cat = json.loads(name)
+            ms = self._models.get(model)
+            if ms is None or cat not in ms.categories:
+                return False
+            self._drop_category(ms, cat)
+        else:
+            return False
+        self._recount()
+        return True
+
+    def apply_forgotten(self, items: Iterable[tuple[str, str, float]], snapshot_ts: float | None) -> int:
+        """Forget again what was evicted after the snapshot this Brain was loaded from (a restart never
+        brings it back); returns how many were dropped."""
+        dropped = 0
+        for kind, name, ts in items:
+            if snapshot_ts is None or ts >= snapshot_ts:
+                try:
+                    dropped += self.forget(kind, name)
+                except (ValueError, TypeError):
+                    continue
+        return dropped
+
+    def _drop_engine(self, engine_id: str) -> None:
+        self._engines.pop(engine_id, None)
+        for cache in (self._decisions, self._served):
+            for key in [k for k in cache if k[4] == engine_id]:
+                cache.pop(key, None)
+
+    def _drop_model(self, model: str) -> None:
+        self._models.pop(model, None)
+        self._decision_errors.pop(model, None)
+        for cache in (self._decisions, self._served):
+            for key in [k for k in cache if k[0] == model]:
+                cache.pop(key, None)
+
+    def _drop_category(self, ms: ModelState, category: str) -> None:
+        ms.categories.pop(category, None)
+        mixes = [ms.mix] + [b.mix for b in self._engines.values() if b.model == ms.name]
+        for mix in mixes:
+            mix.per_category.pop(category, None)
+            mix.committed_per_category.pop(category, None)
+
     def record_rejected(self, engine_id: str | None) -> None:
         book = self._engines.get(engine_id) if engine_id else None
         if book is not None:
@@ -232,7 +417,12 @@ class Brain:
     def policy_for(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> Policy:
         key = _key(model, spec, engine_id)
         decision = self._decision(key, spec, now)
-        policy = self._wire(key, decision, spec, now)
+        try:
+            policy = self._wire(key, decision, spec, now)
+        except Exception as exc:  # noqa: BLE001 -- an ingested batch is acknowledged whatever the decision
+            self._count_error(model, exc)
+            self._served.pop(key, None)
+            policy = self._wire(key, _static_decision(spec, f"{type(exc).__name__}: {exc}"), spec, now)
         book = self._engines.get(engine_id) if engine_id else None
         if book is not None:
             book.policy_served_at = now
@@ -256,8 +446,18 @@ class Brain:
         if cached is not None and 0 <= now - cached.computed_at < refresh_interval(key, self.config.policy.interval_s) \
                 and cached.signature == signature:
             return cached.decision
-        snap = self._snapshot(key, spec, now, cached.decision if cached else None)
-        decision = goodput.decide(snap, self.config.policy)
+        try:
+            snap = self._snapshot(key, spec, now, cached.decision if cached else None)
+            decision = goodput.decide(snap, self.config.policy)
+            problem = _unsound(decision, spec)
+        except Exception as exc:  # noqa: BLE001 -- no learned state may make a later request fail
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            # the last good decision keeps being served (else the engine's static config), retried next interval
+            model = key[0]
+            self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
+            self.last_decision_error = (model, problem[:300])
+            decision = cached.decision if cached is not None else _static_decision(spec, problem)
         self._decisions.pop(key, None)
         self._decisions[key] = _Cached(now, decision, signature)
         while len(self._decisions) > MAX_CACHED_POLICIES:
@@ -392,14 +592,28 @@ class Brain:
         return _key(model, spec, b.engine_id), spec
 
     def categories(self, now: float) -> list[CategoryView]:
-        return [v for model in self._models for v in self._model_views(model, now)]
+        out: list[CategoryView] = []
+        for model in self._models:
+            try:
+                out.extend(self._model_views(model, now))
+            except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail every read
+                self._count_error(model, exc)
+        return out
+
+    def _count_error(self, model: str, exc: Exception) -> None:
+        self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
+        self.last_decision_error = (model, f"{type(exc).__name__}: {exc}"[:300])
 
     def category(self, name: str, now: float, model: str | None = None) -> CategoryView | None:
         models = [model] if model is not None else list(self._models)
         for m in models:
             ms = self._models.get(m)
             if ms is not None and name in ms.categories:
-                return self._category_view(m, name, now, self._effective(m, now))
+                try:
+                    return self._category_view(m, name, now, self._effective(m, now))
+                except Exception as exc:  # noqa: BLE001 -- as in categories()
+                    self._count_error(m, exc)
+                    return None
         return None
 
     def _effective(self, model: str, now: float) -> tuple[Decision, Policy, SpecConfig, str] | None:
@@ -509,49 +723,68 @@ class Brain:
                 dict(b.outcomes), b.gaps, b.dropped_steps, b.steps, round(b.step_seconds, 6),
                 None if b.last_seen is None else max(0.0, now - b.last_seen), b.policy_version_served,
                 b.policy_version_reported, None if b.policy_served_at is None else max(0.0, now - b.policy_served_at),
-                None if bs is None else round(bs, 4), {c: round(v, 6) for c, v in b.mix.shares().items()}))
+                None if bs is None else round(bs, 4), {c: round(v, 6) for c, v in b.mix.shares().items()},
+                b.id_conflicts, b.conflict_boot or None,
+                None if b.conflict_at is None else max(0.0, now - b.conflict_at)))
         return out
 
     def metrics(self, now: float) -> MetricsSnapshot:
-        ls = self.config.learner
         methods: list[MethodCounters] = []
         cats: list[CategoryMetrics] = []
         ratios: list[tuple[str, str, float]] = []
         matches: list[tuple[str, str, str, float]] = []
         for model, ms in self._models.items():
-            eff = self._effective(model, now)
-            for name, st in ms.categories.items():
-                lengths = [0] * (MAX_K + 1)
-                accepted = 0
-                for m, est in st.methods.items():
-                    est.decay_to(now, ls.half_life_s)
-                    if est.attempts > 0 and is_model_free(m):
-                        matches.append((model, name, m, round(est.match_rate(ls.prior_strength), 6)))
-                    for cf, cum in ((False, est.cum), (True, est.cf_cum)):
-                        if cum.drafts == 0:
-                            continue
-                        top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
-                        methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens,
-                                                      cum.accepted_tokens, tuple(cum.per_pos[: max(top, 1)]),
-                                                      tuple(cum.lengths[: top + 1])))
-                        if not cf:
-                            for j, v in enumerate(cum.lengths):
-                                lengths[j] += v
-                            accepted += cum.accepted_tokens
-                cats.append(self._category_metrics(model, ms, name, st, lengths, accepted, eff, now))
-            known = set(ms.methods()) | {b.spec_method for b in self._engines.values()
-                                         if b.model == model and b.spec_method not in ("", METHOD_OFF)}
-            coef = ms.cost.coefficients()
-            ratios.extend((model, m, round(coef.draft_cost_ratio(m), 6)) for m in sorted(known))
+            try:
+                model_rows = self._model_metrics(model, ms, now)
+            except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail the scrape
+                self._count_error(model, exc)
+                continue
+            methods.extend(model_rows[0])
+            cats.extend(model_rows[1])
+            ratios.extend(model_rows[2])
+            matches.extend(model_rows[3])
         engines = tuple(
             EngineMetrics(b.engine_id, b.model, dict(b.outcomes), b.gaps, b.dropped_steps,
                           None if b.policy_served_at is None else max(0.0, now - b.policy_served_at), b.steps,
-                          b.step_seconds)
+                          b.step_seconds, b.id_conflicts)
             for b in self._engines.values())
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
         return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
-                               self._rejected_unknown, tuple(matches))
+                               self._rejected_unknown, tuple(matches), tuple(sorted(self._decision_errors.items())),
+                               self._series, self.config.budget.max_series, self.evictions, self.budget_refusals)
+
+    def _model_metrics(self, model: str, ms: ModelState, now: float) -> tuple[list, list, list, list]:
+        ls = self.config.learner
+        methods: list[MethodCounters] = []
+        cats: list[CategoryMetrics] = []
+        ratios: list[tuple[str, str, float]] = []
+        matches: list[tuple[str, str, str, float]] = []
+        eff = self._effective(model, now)
+        for name, st in ms.categories.items():
+            lengths = [0] * (MAX_K + 1)
+            accepted = 0
+            for m, est in st.methods.items():
+                est.decay_to(now, ls.half_life_s)
+                if est.attempts > 0 and is_model_free(m):
+                    matches.append((model, name, m, round(est.match_rate(ls.prior_strength), 6)))
+                for cf, cum in ((False, est.cum), (True, est.cf_cum)):
+                    if cum.drafts == 0:
+                        continue
+                    top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
+                    methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens,
+                                                  cum.accepted_tokens, tuple(cum.per_pos[: max(top, 1)]),
+                                                  tuple(cum.lengths[: top + 1])))
+                    if not cf:
+                        for j, v in enumerate(cum.lengths):
+                            lengths[j] += v
+                        accepted += cum.accepted_tokens
+            cats.append(self._category_metrics(model, ms, name, st, lengths, accepted, eff, now))
+        known = set(ms.methods()) | {b.spec_method for b in self._engines.values()
+                                     if b.model == model and b.spec_method not in ("", METHOD_OFF)}
+        coef = ms.cost.coefficients()
+        ratios.extend((model, m, r) for m in sorted(known) if (r := _cost_ratio(coef, m)) is not None)
+        return methods, cats, ratios, matches
 
     def _category_metrics(self, model, ms, name, st, lengths, accepted, eff, now) -> CategoryMetrics:
         top = max((i for i, v in enumerate(lengths) if v), default=0)
@@ -588,29 +821,77 @@ class Brain:
 
     @classmethod
     def load(cls, data: dict, config: BrainConfig) -> Brain:
+        """Restore a :meth:`dump`; parts that do not validate are left out and named in ``load_problems``."""
         brain = cls(config)
         if not isinstance(data, dict) or data.get("format") != DUMP_FORMAT or data.get("version") != DUMP_VERSION:
+            brain.load_problems.append("unknown snapshot format")
             return brain  # unknown or old layout: start fresh rather than misread it
         try:
-            brain._version = max(0, int(data.get("policy_version", 0)))
-            brain._rejected_unknown = max(0, int(data.get("rejected_unknown", 0)))
-        except (TypeError, ValueError):
-            pass
+            brain._version = min(MAX_SEQ, max(0, int(data.get("policy_version", 0))))
+            brain._rejected_unknown = min(MAX_SEQ, max(0, int(data.get("rejected_unknown", 0))))
+        except (TypeError, ValueError, OverflowError):
+            brain.load_problems.append("bad counters")
         for name, md in _items(data.get("models")):
-            if len(brain._models) >= MAX_MODELS:
+            if len(brain._models) >= config.budget.max_models:
+                brain.load_problems.append("too many models")
                 break
             try:
-                brain._models[str(name)] = ModelState.from_dict(str(name), md, brain._preset, config.learner)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+                ms = ModelState.from_dict(str(name), md, brain._preset, config.learner)
+                brain._check_model(ms)
+                brain._models[str(name)] = ms
+                brain.load_problems.extend(f"model {str(name)[:64]!r}: category {c!r} does not validate"
+                                           for c in ms.load_skipped)
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
+                brain.load_problems.append(f"model {str(name)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
         for eid, ed in _items(data.get("engines")):
-            if len(brain._engines) >= MAX_ENGINES:
+            if len(brain._engines) >= config.budget.max_engines:
+                brain.load_problems.append("too many engines")
                 break
             try:
                 brain._engines[str(eid)] = EngineBook.from_dict(ed)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+                brain.load_problems.append(f"engine {str(eid)[:64]!r}: {type(exc).__name__}: {str(exc)[:120]}")
+        brain._recount()
+        if brain._series > config.budget.max_series:  # a smaller budget than the snapshot was taken under
+            brain.load_problems.append(f"{brain._series} series over the budget of {config.budget.max_series}")
+            brain._shrink_to_budget()
         return brain
+
+    def _shrink_to_budget(self) -> None:
+        """Forget the least recently seen categories, then engines, until the state fits the budget."""
+        cats = sorted(((st.last_seen or 0.0, m, c) for m, ms in self._models.items() for c, st in ms.categories.items()))
+        for _seen, model, cat in cats:
+            if self._series <= self.config.budget.max_series:
+                return
+            self._drop_category(self._models[model], cat)
+            self._recount()
+        for eid in sorted(self._engines, key=lambda e: self._engines[e].last_seen or 0.0):
+            if self._series <= self.config.budget.max_series:
+                return
+            self._drop_engine(eid)
+            self._recount()
+
+    def _check_model(self, ms: ModelState) -> None:
+        """Raise ValueError when restored state holds a number outside what ingest can produce."""
+        for c, st in ms.categories.items():
+            if not _WIRE_NAME.match(c) and c != OVERFLOW_CATEGORY:
+                raise ValueError(f"category name {c[:64]!r}")
+            for est in st.methods.values():
+                for v in (est.real_drafts, est.cf_drafts, est.attempts, est.hits, *(est.t_last or 0.0,)):
+                    if not math.isfinite(v):
+                        raise ValueError("non-finite estimator state")
+        coef = ms.cost.coefficients().vector()
+        if not all(math.isfinite(float(v)) and v >= 0 for v in coef):
+            raise ValueError("cost model does not fit")
+        for v in (ms.mix.steps, ms.mix.requests, ms.mix.extra_tokens, ms.mix.committed,
+                  *ms.mix.per_category.values(), *ms.mix.committed_per_category.values()):
+            if not math.isfinite(v):
+                raise ValueError("non-finite batch mix")
+
+
+def category_key(model: str, category: str) -> str:
+    """The name of a (model, category) in eviction records: ``json.dumps([model, category])``."""
+    return json.dumps([model, category])
 
 
 def _round_sig(x: float, digits: int = 3) -> float:

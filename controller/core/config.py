@@ -144,9 +144,47 @@ class PolicySettings(BaseSettings):
         return self
 
 
+class BudgetSettings(BaseSettings):
+    """One budget for learned state and the series ``/metrics`` exports, and when idle state is let go."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECCTL_BUDGET_", frozen=True, extra="ignore")
+
+    max_series: int = Field(
+        default=50_000, ge=100, le=5_000_000,
+        description="series; upper bound on what /metrics exports, counted as engines, models, categories, "
+        "methods and positions are created (controller.core.budget). Beyond it new names pool into the overflow "
+        "category, new methods are dropped and new engines/models are refused with 429 until idle ones are "
+        "evicted. 50 000 is about 30 MB of controller memory and a 5 MB scrape rendered in about 1 s on one "
+        "core (docs/reliability.md#budget); the 512 Mi sidecar limit holds several times that",
+    )
+    max_engines: int = Field(
+        default=4096, ge=1, le=65_536,
+        description="engines known at once (each also counts in max_series); freed when an engine is evicted",
+    )
+    max_models: int = Field(
+        default=64, ge=1, le=4096,
+        description="models known at once (each also counts in max_series); freed when a model is evicted",
+    )
+    engine_idle_s: float = Field(
+        default=3_600.0, gt=0, le=30 * 86_400,
+        description="seconds; an engine not heard from for this long is forgotten (its id and counters). An "
+        "engine posts every 0.1 s; an hour leaves room for long outages and rolling restarts",
+    )
+    category_idle_s: float = Field(
+        default=86_400.0, gt=0, le=365 * 86_400,
+        description="seconds; a (model, category) without traffic for this long is forgotten with what was "
+        "learned for it. A day keeps a nightly batch workload's categories; its evidence has decayed long before",
+    )
+    model_idle_s: float = Field(
+        default=86_400.0, gt=0, le=365 * 86_400,
+        description="seconds; a model without traffic for this long is forgotten (cost model included)",
+    )
+
+
 @dataclass(frozen=True)
 class BrainConfig:
     """Everything :class:`~controller.core.brain.Brain` needs, frozen (built by the service)."""
 
     learner: LearnerSettings = field(default_factory=LearnerSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)

@@ -7,18 +7,32 @@ set of seqs seen in the last ``WINDOW`` below it:
   * a missing seq arriving late (in window) -> accepted; it was counted as a gap, so the gap is taken back;
   * a seq older than the window            -> duplicate (it cannot be told apart from a retry; dropping is
                                               the safe side: nothing is counted twice).
-A new ``boot_id`` starts a fresh seq space (the engine restarted); batches that still arrive from a
-retired boot are treated as duplicates. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
+A new ``boot_id`` starts a fresh seq space (the engine restarted); a late retry of a retired boot (a seq
+it had already sent) is a duplicate. A retired boot that sends a seq *above* the last one seen from it a
+second time is still running: two live engines were started with the same ``engine_id`` (the first such
+batch may be one in flight across a restart and counts as a duplicate). That is a ``conflict``
+(:attr:`EngineBook.id_conflicts`, refused with 409 so the second engine's log says why) rather than a
+silent duplicate. Cumulative figures (gaps, dropped steps, outcomes) survive boots.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from controller.core.mix import Mix
 
 WINDOW = 4096
 RETIRED_BOOTS = 8
+#: Every counter kept here stays at or below this (float64 holds it exactly, Prometheus samples are float64).
+COUNTER_CAP = 2**53 - 1
+#: A retired boot whose last seq is unknown (restored from an older snapshot): only a retry, never a conflict.
+MAX_SEQ_ANY = COUNTER_CAP
+
+
+def _count(value: object) -> int:
+    """A counter restored from a snapshot: an int in [0, COUNTER_CAP] (ValueError/TypeError if not a number)."""
+    return min(COUNTER_CAP, max(0, int(value)))  # type: ignore[call-overload]
 
 
 @dataclass
@@ -33,6 +47,11 @@ class EngineBook:
     max_seq: int = -1
     seen: set[int] = field(default_factory=set)
     retired_boots: list[str] = field(default_factory=list)
+    retired_max_seq: dict[str, int] = field(default_factory=dict)  # highest seq seen from each retired boot
+    id_conflicts: int = 0  # batches of a retired boot that was still running: the id is shared
+    conflict_boot: str = ""  # the other boot of the last conflict
+    conflict_at: float | None = None
+    suspect_boots: set[str] = field(default_factory=set)  # retired boots that sent one new seq
     gaps: int = 0
     dropped_prev_boots: int = 0
     dropped_this_boot: int = 0
@@ -55,7 +74,11 @@ class EngineBook:
             return "accepted", 0  # first contact: what came before this controller is unknown, not missing
         if boot_id != self.boot_id:
             if boot_id in self.retired_boots:
-                return "stale", 0
+                if seq <= self.retired_max_seq.get(boot_id, MAX_SEQ_ANY):
+                    return "stale", 0
+                # a seq the old boot never sent: once may be a batch in flight across a restart, twice is a
+                # second engine still running under this id
+                return ("conflict" if boot_id in self.suspect_boots else "suspect"), 0
             return "accepted", seq  # a new boot: seqs 0..seq-1 of it are missing
         if seq > self.max_seq:
             return "accepted", seq - self.max_seq - 1
@@ -65,14 +88,29 @@ class EngineBook:
             return "accepted", -1
         return "duplicate", 0
 
+    def record_suspect(self, boot_id: str, seq: int) -> None:
+        """A retired boot sent a seq it had not sent before (taken as a late batch, a duplicate, this once)."""
+        self.suspect_boots = (self.suspect_boots | {boot_id}) & set(self.retired_boots)
+        self.retired_max_seq[boot_id] = seq
+
+    def record_conflict(self, boot_id: str, seq: int, now: float) -> None:
+        """A retired boot is still sending: count it, remember its progress (each new batch counts once)."""
+        self.id_conflicts = min(COUNTER_CAP, self.id_conflicts + 1)
+        self.retired_max_seq[boot_id] = seq
+        self.conflict_boot = boot_id
+        self.conflict_at = now
+
     def record(self, boot_id: str, seq: int, gap_delta: int, dropped_steps: int) -> None:
         if boot_id != self.boot_id:
             if self.boot_id:
                 self.retired_boots = (self.retired_boots + [self.boot_id])[-RETIRED_BOOTS:]
+                self.retired_max_seq[self.boot_id] = self.max_seq
+                self.retired_max_seq = {b: self.retired_max_seq[b] for b in self.retired_boots
+                                        if b in self.retired_max_seq}
             self.boot_id = boot_id
             self.max_seq = -1
             self.seen = set()
-            self.dropped_prev_boots += self.dropped_this_boot
+            self.dropped_prev_boots = min(COUNTER_CAP, self.dropped_prev_boots + self.dropped_this_boot)
             self.dropped_this_boot = 0
         self.seen.add(seq)
         if seq > self.max_seq:
@@ -80,9 +118,9 @@ class EngineBook:
             if len(self.seen) > 2 * WINDOW:
                 floor = self.max_seq - WINDOW
                 self.seen = {s for s in self.seen if s > floor}
-        self.gaps = max(0, self.gaps + gap_delta)
+        self.gaps = min(COUNTER_CAP, max(0, self.gaps + gap_delta))
         # the engine's counter is cumulative per boot; never let a smaller report shrink ours
-        self.dropped_this_boot = max(self.dropped_this_boot, dropped_steps)
+        self.dropped_this_boot = min(COUNTER_CAP, max(self.dropped_this_boot, dropped_steps))
 
     def to_dict(self) -> dict:
         return {
@@ -91,6 +129,8 @@ class EngineBook:
             "spec_full_cuda_graphs": self.spec_full_cuda_graphs,
             "model_free_methods": list(self.model_free_methods), "max_seq": self.max_seq,
             "seen": sorted(self.seen), "retired_boots": list(self.retired_boots), "gaps": self.gaps,
+            "retired_max_seq": dict(self.retired_max_seq), "id_conflicts": self.id_conflicts,
+            "conflict_boot": self.conflict_boot, "conflict_at": self.conflict_at,
             "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
             "outcomes": dict(self.outcomes), "steps": self.steps, "step_seconds": self.step_seconds,
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
@@ -109,14 +149,23 @@ class EngineBook:
         b.model_free_methods = tuple(str(m) for m in d.get("model_free_methods", []))
         b.max_seq = int(d.get("max_seq", -1))
         b.seen = {int(s) for s in d.get("seen", [])}
+        if not -1 <= b.max_seq <= COUNTER_CAP or any(s < 0 or s > b.max_seq for s in b.seen):
+            raise ValueError("seq out of range")
         b.retired_boots = [str(x) for x in d.get("retired_boots", [])][-RETIRED_BOOTS:]
-        b.gaps = max(0, int(d.get("gaps", 0)))
-        b.dropped_prev_boots = max(0, int(d.get("dropped_prev_boots", 0)))
-        b.dropped_this_boot = max(0, int(d.get("dropped_this_boot", 0)))
+        b.gaps = _count(d.get("gaps", 0))
+        b.retired_max_seq = {str(k): min(COUNTER_CAP, max(-1, int(v)))
+                             for k, v in dict(d.get("retired_max_seq", {})).items() if str(k) in b.retired_boots}
+        b.id_conflicts = _count(d.get("id_conflicts", 0))
+        b.conflict_boot = str(d.get("conflict_boot", ""))
+        b.conflict_at = None if d.get("conflict_at") is None else float(d["conflict_at"])
+        b.dropped_prev_boots = _count(d.get("dropped_prev_boots", 0))
+        b.dropped_this_boot = _count(d.get("dropped_this_boot", 0))
         outcomes = d.get("outcomes", {})
-        b.outcomes = {k: max(0, int(outcomes.get(k, 0))) for k in ("accepted", "duplicate", "rejected")}
-        b.steps = max(0, int(d.get("steps", 0)))
+        b.outcomes = {k: _count(outcomes.get(k, 0)) for k in ("accepted", "duplicate", "rejected")}
+        b.steps = _count(d.get("steps", 0))
         b.step_seconds = max(0.0, float(d.get("step_seconds", 0.0)))
+        if not math.isfinite(b.step_seconds):
+            raise ValueError("step_seconds not finite")
         b.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
         b.policy_served_at = None if d.get("policy_served_at") is None else float(d["policy_served_at"])
         for name in ("policy_version_served", "policy_version_reported"):

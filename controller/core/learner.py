@@ -8,16 +8,18 @@ integer additions and the numpy calls per batch to a few per touched estimator.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import mul
 
 from controller.core.config import LearnerSettings
 from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
+from controller.core.engines import COUNTER_CAP
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
 from controller.core.model.cells import CellTable
-from controller.protocol import MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
+from controller.protocol import MAX_K, MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
 
 
 @dataclass
@@ -26,16 +28,29 @@ class CategoryState:
     request_steps: int = 0
     committed_tokens: int = 0
     spec_off_request_steps: int = 0
+    last_seen: float | None = None  # controller time of the last batch that carried this category
 
     def to_dict(self) -> dict:
         return {"methods": {m: e.to_dict() for m, e in self.methods.items()}, "request_steps": self.request_steps,
-                "committed_tokens": self.committed_tokens, "spec_off_request_steps": self.spec_off_request_steps}
+                "committed_tokens": self.committed_tokens, "spec_off_request_steps": self.spec_off_request_steps,
+                "last_seen": self.last_seen}
 
     @classmethod
     def from_dict(cls, d: dict) -> CategoryState:
-        return cls({str(m): AcceptanceEstimator.from_dict(e) for m, e in d.get("methods", {}).items()},
-                   max(0, int(d.get("request_steps", 0))), max(0, int(d.get("committed_tokens", 0))),
-                   max(0, int(d.get("spec_off_request_steps", 0))))
+        methods = d.get("methods", {})
+        if len(methods) > MAX_METHODS:
+            raise ValueError("too many methods")
+        last_seen = d.get("last_seen")
+        st = cls({str(m): AcceptanceEstimator.from_dict(e) for m, e in methods.items()},
+                 _count(d.get("request_steps", 0)), _count(d.get("committed_tokens", 0)),
+                 _count(d.get("spec_off_request_steps", 0)), None if last_seen is None else float(last_seen))
+        if st.last_seen is not None and not math.isfinite(st.last_seen):
+            raise ValueError("last_seen not finite")
+        return st
+
+
+def _count(value: object) -> int:
+    return min(COUNTER_CAP, max(0, int(value)))  # type: ignore[call-overload]
 
 
 @dataclass
@@ -69,6 +84,9 @@ class ModelState:
         self.categories: dict[str, CategoryState] = {}
         self.overflow_steps = 0
         self.dropped_methods = 0
+        self.charged_k = 0  # largest k_max of an engine of this model: what the series budget was charged at
+        self.last_seen: float | None = None
+        self.load_skipped: list[str] = []  # categories a snapshot held that did not validate
         self.mix = Mix()
         self.cost = OnlineCostModel(preset, settings.cost_prior_strength)
         self.cells = CellTable()
@@ -170,13 +188,15 @@ class ModelState:
                 est.decay_to(now, s.half_life_s)
                 touched.add(id(est))
             est.add_attempts(asked, hit)
+        self.last_seen = now
         for cat, n in d.requests.items():
             st = self.categories[cat]
-            st.request_steps += n
-            st.committed_tokens += d.committed.get(cat, 0)
-            st.spec_off_request_steps += d.spec_off.get(cat, 0)
-        self.overflow_steps += d.overflowed
-        self.dropped_methods += d.dropped_methods
+            st.last_seen = now
+            st.request_steps = min(COUNTER_CAP, st.request_steps + n)
+            st.committed_tokens = min(COUNTER_CAP, st.committed_tokens + d.committed.get(cat, 0))
+            st.spec_off_request_steps = min(COUNTER_CAP, st.spec_off_request_steps + d.spec_off.get(cat, 0))
+        self.overflow_steps = min(COUNTER_CAP, self.overflow_steps + d.overflowed)
+        self.dropped_methods = min(COUNTER_CAP, self.dropped_methods + d.dropped_methods)
         for mix in (self.mix, engine_mix):
             mix.decay_to(now, s.mix_half_life_s)
             mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values, d.committed)
@@ -207,6 +227,7 @@ class ModelState:
     def to_dict(self) -> dict:
         return {"categories": {c: s.to_dict() for c, s in self.categories.items()},
                 "overflow_steps": self.overflow_steps, "dropped_methods": self.dropped_methods,
+                "charged_k": self.charged_k, "last_seen": self.last_seen,
                 "mix": self.mix.to_dict(), "cost": self.cost.to_dict(), "cells": self.cells.to_dict()}
 
     @classmethod
@@ -215,10 +236,16 @@ class ModelState:
         for c, cd in d.get("categories", {}).items():
             try:
                 m.categories[str(c)] = CategoryState.from_dict(cd)
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
+                m.load_skipped.append(str(c)[:64])
                 continue  # one unreadable category starts fresh; the others keep what they learned
-        m.overflow_steps = max(0, int(d.get("overflow_steps", 0)))
-        m.dropped_methods = max(0, int(d.get("dropped_methods", 0)))
+        m.overflow_steps = _count(d.get("overflow_steps", 0))
+        m.dropped_methods = _count(d.get("dropped_methods", 0))
+        m.charged_k = min(MAX_K, max(0, int(d.get("charged_k", 0))))
+        m.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
+        for st in m.categories.values():
+            for est in st.methods.values():
+                m.charged_k = max(m.charged_k, est.max_k)
         try:
             m.mix = Mix.from_dict(d["mix"])
         except (KeyError, TypeError, ValueError):

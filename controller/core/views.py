@@ -98,6 +98,10 @@ class EngineView:
     policy_age_s: float | None
     batch_size: float | None
     category_mix: dict  # category -> requests per step
+    #: batches of another running engine with this id (a retired boot still sending): the id is shared
+    id_conflicts: int = 0
+    conflict_boot: str | None = None
+    last_conflict_age_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +153,7 @@ class EngineMetrics:
     policy_age_s: float | None
     steps: int
     step_seconds: float
+    id_conflicts: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,12 @@ class MetricsSnapshot:
     rejected_unknown_engine: int  # rejected batches whose engine id could not be read
     #: (model, category, method, match rate) of model-free drafters with asks: the share that drafted
     match_rates: tuple[tuple[str, str, str, float], ...] = ()
+    #: (model, decisions or reads that could not be computed: the last good decision was served instead)
+    decision_errors: tuple[tuple[str, int], ...] = ()
+    series: int = 0  # series the learned state is charged (controller.core.budget)
+    series_budget: int = 0
+    evictions: int = 0  # engines, models and categories forgotten (idle or by an operator)
+    budget_refusals: int = 0  # batches refused because the budget or an engine/model cap was full
 
     def to_dict(self) -> dict:
         return asdict(self)

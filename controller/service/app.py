@@ -27,7 +27,7 @@ from controller.service.metrics import SpecctlCollector
 from controller.service.recorder import Recorder
 from controller.service.routes import audit, categories, engines, health, metrics, overrides, policy, telemetry
 from controller.service.runtime import Runtime, restore_brain
-from controller.service.schemas import OverrideIn
+from controller.service.schemas import ForgetIn, OverrideIn
 from controller.service.settings import ServiceSettings
 from controller.service.store import Store
 
@@ -45,6 +45,7 @@ async def maintain(runtime: Runtime, settings: ServiceSettings, sleep: Sleep) ->
         await sleep(tick)
         try:
             await runtime.expire_overrides()
+            await runtime.evict_idle()
             if runtime.clock.now() >= next_snapshot:
                 await runtime.snapshot()
                 next_snapshot = runtime.clock.now() + snapshot_every
@@ -59,6 +60,10 @@ async def _open_runtime(settings: ServiceSettings, clock: Clock, brain_config: B
     )
     try:
         brain, snapshot_ts = await to_thread.run_sync(restore_brain, store, brain_config)
+        # what was evicted after that snapshot was taken stays forgotten
+        dropped = brain.apply_forgotten(await to_thread.run_sync(store.forgotten), snapshot_ts)
+        if dropped:
+            log.info("evicted state kept forgotten", extra={"count": dropped})
         loaded = await to_thread.run_sync(store.load_overrides)
     except BaseException:
         store.close()
@@ -133,7 +138,7 @@ def create_app(
     for module in (telemetry, policy, categories, engines, overrides, audit, health, metrics):
         app.include_router(module.router)
     errors.install(app)
-    openapi_bodies.install(app, [TelemetryBatch, OverrideIn])
+    openapi_bodies.install(app, [TelemetryBatch, OverrideIn, ForgetIn])
     if settings.server.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -141,5 +146,6 @@ def create_app(
             allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "If-None-Match"],
         )
-    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
+                       body_timeout_s=settings.server.body_timeout_s)
     return app

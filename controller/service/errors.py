@@ -14,11 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from controller.service.auth import AuthError
+from controller.service.store import describe_store_error
 
 log = logging.getLogger("controller.service")
 
@@ -83,8 +85,18 @@ async def _http(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _store(_: Request, exc: Exception) -> JSONResponse:
-    log.error("SQLite store failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-    return JSONResponse(_body(f"the SQLite store failed ({type(exc).__name__})"), status_code=503)
+    what = describe_store_error(exc)
+    log.error("SQLite store failed", extra={"error": what})
+    return JSONResponse(_body(f"the SQLite store failed: {what[:MAX_MSG_CHARS]}"), status_code=503)
+
+
+async def _disconnect(request: Request, exc: Exception) -> Response:
+    """The client went away mid-body: nobody reads the answer, and it is no internal error (not counted)."""
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        runtime.client_disconnects += 1
+    log.info("client disconnected before its body arrived", extra={"path": request.url.path})
+    return Response(status_code=499)
 
 
 async def _bug(request: Request, exc: Exception) -> JSONResponse:
@@ -103,4 +115,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(sqlite3.Error, _store)
+    app.add_exception_handler(ClientDisconnect, _disconnect)
     app.add_exception_handler(Exception, _bug)

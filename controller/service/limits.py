@@ -1,12 +1,16 @@
-"""Request body cap (413), enforced before anything reads the body.
+"""Request body cap (413) and body read deadline (408), enforced before anything reads the body.
 
 A declared ``Content-Length`` over the cap is refused without reading; a chunked body is counted as it
 streams in and refused as soon as it crosses the cap, so memory per request stays bounded either way.
+A body that has not fully arrived ``body_timeout_s`` after its request's headers is refused with 408, so a
+client trickling its body cannot hold a request (and its memory) open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,9 +27,10 @@ def _reject(status: int, detail: str) -> tuple[Message, Message]:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.body_timeout_s = body_timeout_s
 
     def _too_large(self) -> str:
         return f"request body exceeds {self.max_bytes} bytes"
@@ -46,11 +51,19 @@ class BodyLimit:
                     await send(message)
                 return
         received = 0
+        deadline = time.monotonic() + self.body_timeout_s
+        complete = False
 
         async def counted() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # after the body: receive() waits for the disconnect, no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"request body not received within {self.body_timeout_s:g} s") from None
             if message["type"] == "http.request":
+                complete = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     # Raised inside the handler's body read: the exception handlers answer 413.

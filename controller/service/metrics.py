@@ -11,7 +11,8 @@ run) go to ``specctl_counterfactual_*`` so that ``specctl_draft_tokens_total`` a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -127,6 +128,8 @@ def _engine_families(snapshot: Any) -> list[Metric]:
     age = _gauge("specctl_policy_age_seconds", "Seconds since the engine was last sent a policy", ["engine"])
     steps = _counter("specctl_steps", "Engine steps reported", ["model_name", "engine"])
     step_s = _counter("specctl_step_seconds", "Engine step wall time reported, seconds", ["model_name", "engine"])
+    conflicts = _counter("specctl_engine_id_conflicts", "Batches from a second running engine with the same engine "
+                         "id (refused with 409): two engines share one SPECCTL_ENGINE_ID", ["engine"])
     for row in snapshot.engines:
         for outcome, count in sorted(row.batches.items()):
             batches.add_metric([row.engine, outcome], count)
@@ -136,9 +139,11 @@ def _engine_families(snapshot: Any) -> list[Metric]:
             age.add_metric([row.engine], row.policy_age_s)
         steps.add_metric([row.model, row.engine], row.steps)
         step_s.add_metric([row.model, row.engine], row.step_seconds)
+        if row.id_conflicts:
+            conflicts.add_metric([row.engine], row.id_conflicts)
     if snapshot.rejected_unknown_engine:
         batches.add_metric([UNKNOWN_ENGINE, "rejected"], snapshot.rejected_unknown_engine)
-    return [batches, gaps, dropped, age, steps, step_s]
+    return [batches, gaps, dropped, age, steps, step_s, conflicts]
 
 
 def _other_families(snapshot: Any) -> list[Metric]:
@@ -154,14 +159,32 @@ def _other_families(snapshot: Any) -> list[Metric]:
                         "because the model hit its category cap", ["model_name"])
     for model, count in snapshot.overflow_steps:
         overflow.add_metric([model], count)
-    return [ratio, overrides, overflow]
+    errors = _counter("specctl_decision_errors", "Decisions (or reads) of a model that could not be computed; the "
+                      "last good decision was served instead (each is logged)", ["model_name"])
+    for model, count in snapshot.decision_errors:
+        errors.add_metric([model], count)
+    series = _gauge("specctl_series", "Series the learned state is charged against the budget (an upper bound on "
+                    "what this endpoint exports)", [])
+    series.add_metric([], snapshot.series)
+    budget = _gauge("specctl_series_budget", "The learned-state budget, in series (SPECCTL_BUDGET_MAX_SERIES)", [])
+    budget.add_metric([], snapshot.series_budget)
+    evictions = _counter("specctl_evictions", "Engines, models and categories forgotten (idle, or by an operator)",
+                         [])
+    evictions.add_metric([], snapshot.evictions)
+    refusals = _counter("specctl_budget_refusals", "Telemetry batches refused (429) because the learned-state "
+                        "budget or an engine/model cap was full", [])
+    refusals.add_metric([], snapshot.budget_refusals)
+    return [ratio, overrides, overflow, errors, series, budget, evictions, refusals]
 
 
 def _service_families(runtime: Any) -> list[Metric]:
     errors = _counter("specctl_http_internal_errors", "Requests answered 500 (a bug: each is logged with an id)",
                       [])
     errors.add_metric([], runtime.internal_errors)
-    families: list[Metric] = [errors]
+    gone = _counter("specctl_http_client_disconnects", "Requests whose client went away before its body arrived "
+                    "(not an error of the controller)", [])
+    gone.add_metric([], runtime.client_disconnects)
+    families: list[Metric] = [errors, gone]
     if runtime.last_snapshot_ts is not None:
         age = _gauge("specctl_snapshot_age_seconds", "Seconds since the learned state was last written to SQLite "
                      "(learning a crash would lose)", [])
@@ -185,12 +208,51 @@ def _service_families(runtime: Any) -> list[Metric]:
     return families
 
 
+#: Largest sample value written: a float64 holds every integer up to it exactly.
+SAMPLE_CAP = float(2**53)
+
+
+def _sample_value(value: Any) -> float | None:
+    """A sample's value as a float the exposition can write, or None to leave the sample out.
+
+    The learned state is bounded by construction (:mod:`controller.protocol` caps, ``COUNTER_CAP``); this is
+    the last line, so that no value can ever make the whole scrape fail (an int too large for a float raised
+    OverflowError inside the text encoder and every later scrape answered 500). Counters and gauges are
+    clamped to [-SAMPLE_CAP, SAMPLE_CAP]; NaN is left out.
+    """
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.copysign(SAMPLE_CAP, value)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(v):
+        return None
+    return max(-SAMPLE_CAP, min(SAMPLE_CAP, v))
+
+
+def sanitized(families: Iterable[Metric]) -> Iterator[Metric]:
+    """The families with every sample's value made writable (see :func:`_sample_value`)."""
+    for family in families:
+        clean = []
+        for sample in family.samples:
+            value = _sample_value(sample.value)
+            if value is not None:
+                clean.append(sample._replace(value=value) if value != sample.value or
+                             not isinstance(sample.value, float) else sample)
+        family.samples = clean
+        yield family
+
+
 class SpecctlCollector(Collector):
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._runtime.metrics()
+        yield from sanitized(self.families(snapshot))
+
+    def families(self, snapshot: Any) -> Iterator[Metric]:
         yield from _method_families(snapshot)
         yield from _category_families(snapshot)
         yield from _engine_families(snapshot)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import sqlite3
 import threading
 from typing import Any
 
@@ -22,19 +24,54 @@ from controller.core.config import BrainConfig
 from controller.core.overrides import Override, active_overrides
 from controller.protocol import Policy, SpecConfig, TelemetryBatch
 from controller.service.clock import Clock
-from controller.service.store import AuditRecord, Store
+from controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
 
 
 def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
-    """The newest snapshot that loads, else a fresh Brain; returns it with the snapshot's time."""
-    for ts, data in store.latest_snapshots():
+    """The newest snapshot that loads, else a fresh Brain; returns it with the snapshot's time.
+
+    Every snapshot is validated on load (:meth:`Brain.load` leaves out what does not validate, and the
+    restored state must answer a scrape and a dump). One that fails is quarantined (moved to the
+    ``quarantined_snapshots`` table, logged) and the next older one is tried; one that loads only in part
+    is copied there and its valid part kept. Nothing here stops the service.
+    """
+    partial: tuple[Brain, float] | None = None
+    for snapshot_id, ts, data in store.latest_snapshots():
         try:
-            return Brain.load(data, config), ts
+            brain = Brain.load(data, config) if data is not None else None
+            if brain is None or brain.load_problems == ["unknown snapshot format"]:
+                raise ValueError("not a specctl snapshot" if data is not None else "not JSON")
+            brain.metrics(ts)  # the restored state must be readable, else it would fail every scrape
+            brain.dump()
         except Exception as exc:  # noqa: BLE001 -- a snapshot that cannot load must not stop the service
-            log.warning("snapshot not loadable, trying an older one", extra={"snapshot_ts": ts, "error": str(exc)})
+            reason = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("snapshot quarantined, trying an older one",
+                        extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "error": reason})
+            store.quarantine_snapshot(snapshot_id, reason)
+            continue
+        if not brain.load_problems:
+            return brain, ts
+        # parts of it do not validate: kept for inspection; an older snapshot that loads whole is preferred
+        log.warning("snapshot loads only in part, copy quarantined",
+                    extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "problems": brain.load_problems[:10]})
+        store.quarantine_snapshot(snapshot_id, "; ".join(brain.load_problems)[:500], keep=True)
+        partial = partial or (brain, ts)
+    if partial is not None:
+        return partial
     return Brain(config), None
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats as None (JSON has no Infinity/NaN; one would fail the whole answer)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 class AckEncoder:
@@ -79,6 +116,7 @@ class Runtime:
         self.last_snapshot_ts = snapshot_ts
         self.store_error: str | None = None
         self.internal_errors = 0
+        self.client_disconnects = 0
         self._acks = AckEncoder()
         #: the opt-in telemetry recorder (:mod:`controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
@@ -95,9 +133,18 @@ class Runtime:
         with self._brain_lock:
             result: IngestResult = self._brain.ingest(batch, now)
             policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
+            self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
             self.recorder.submit(batch)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
+
+    def _log_decision_error(self) -> None:
+        """Log (once) a decision the Brain could not compute; it served the last good one (caller holds the lock)."""
+        failed = self._brain.last_decision_error
+        if failed is not None:
+            self._brain.last_decision_error = None
+            log.error("decision not computable, serving the last good one",
+                      extra={"model_name": failed[0], "error": failed[1]})
 
     def record_rejected(self, engine_id: str | None) -> None:
         with self._brain_lock:
@@ -111,27 +158,57 @@ class Runtime:
     def categories(self) -> list[dict[str, Any]]:
         now = self.clock.now()
         with self._brain_lock:
-            return [view.to_dict() for view in self._brain.categories(now)]
+            out = [_json_safe(view.to_dict()) for view in self._brain.categories(now)]
+            self._log_decision_error()
+        return out
 
     def category(self, name: str, model: str | None) -> dict[str, Any] | None:
         now = self.clock.now()
         with self._brain_lock:
             view = self._brain.category(name, now, model=model)
-            return None if view is None else view.to_dict()
+            self._log_decision_error()
+            return None if view is None else _json_safe(view.to_dict())
 
     def engines(self) -> list[dict[str, Any]]:
         now = self.clock.now()
         with self._brain_lock:
-            return [view.to_dict() for view in self._brain.engines(now)]
+            return [_json_safe(view.to_dict()) for view in self._brain.engines(now)]
 
     def metrics(self) -> Any:
         now = self.clock.now()
         with self._brain_lock:
-            return self._brain.metrics(now)
+            snapshot = self._brain.metrics(now)
+            self._log_decision_error()
+        return snapshot
 
     def dump(self) -> dict[str, Any]:
         with self._brain_lock:
             return self._brain.dump()
+
+    def series(self) -> int:
+        with self._brain_lock:
+            return self._brain.series
+
+    # -- the budget: idle eviction and an operator's forget (remembered in the file first) ------------
+
+    async def evict_idle(self) -> list[tuple[str, str]]:
+        """Forget what was idle too long; tombstones are written so a restart does not bring it back."""
+        now = self.clock.now()
+        with self._brain_lock:
+            evicted = self._brain.evict_idle(now)
+        if evicted:
+            await self._write(self.store.record_forgotten, evicted, now)
+            log.info("idle state forgotten", extra={"count": len(evicted), "items": [f"{k}:{n}" for k, n in evicted[:20]]})
+        return evicted
+
+    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+        now = self.clock.now()
+        with self._brain_lock:
+            done = self._brain.forget(kind, name)
+        if done:
+            await self._write(self.store.record_forgotten, [(kind, name)], now)
+            log.info("state forgotten", extra={"kind": kind, "name": name, "actor": actor, "reason": reason})
+        return done
 
     # -- overrides (file first, then memory) ---------------------------------------------------------
 
@@ -184,17 +261,27 @@ class Runtime:
     # -- snapshots -----------------------------------------------------------------------------------
 
     async def snapshot(self) -> None:
+        """Dump and write the learned state in a worker thread: the event loop never waits on it (the dump
+        holds the Brain lock while it copies, which an ingest arriving meanwhile waits for)."""
         now = self.clock.now()
-        data = self.dump()
-        await self._write(self.store.save_snapshot, now, data)
+        await self._write(lambda: self.store.save_snapshot(now, self.dump()))
         self.last_snapshot_ts = now
+
+    async def check_store(self) -> str:
+        """'ok', or the store's current problem; a passing write probe clears the last write's failure."""
+        try:
+            await to_thread.run_sync(self.store.check_writable)
+        except sqlite3.Error as exc:
+            return describe_store_error(exc)
+        self.store_error = None
+        return "ok"
 
     async def _write(self, fn: Any, *args: Any) -> Any:
         """Run a store write in a worker thread; remember the failure for /readyz, then re-raise."""
         try:
             result = await to_thread.run_sync(fn, *args)
         except Exception as exc:
-            self.store_error = f"{type(exc).__name__}: {exc}"
+            self.store_error = describe_store_error(exc)
             raise
         self.store_error = None
         return result

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.overrides import Override
-from controller.protocol import MAX_K, METHOD_OFF, METHOD_PATTERN
+from controller.protocol import CATEGORY_PATTERN, ENGINE_ID_PATTERN, MAX_K, METHOD_OFF, METHOD_PATTERN
 
 ACTOR_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:\-]{0,127}$"
 #: Longest TTL: 30 days. Longer pins should be deliberate (no TTL) rather than accidental.
@@ -122,3 +122,30 @@ class OverrideChange(BaseModel):
 
     override: OverrideOut | None
     audit: AuditEntry
+
+
+class ForgetIn(_In):
+    """POST /v1/forget: drop what was learned for one engine, one model, or one (model, category)."""
+
+    engine: str | None = Field(default=None, pattern=ENGINE_ID_PATTERN, description="an engine id")
+    model: str | None = Field(default=None, min_length=1, max_length=256, description="a model name")
+    category: str | None = Field(default=None, pattern=CATEGORY_PATTERN + "|^_overflow$",
+                                 description="with model: one of its categories")
+    reason: str = Field(min_length=1, max_length=512, description="why (logged)")
+    actor: str = Field(pattern=ACTOR_PATTERN, description="who (logged)")
+
+    @model_validator(mode="after")
+    def _one_thing(self) -> ForgetIn:
+        if (self.engine is None) == (self.model is None):
+            raise ValueError("give exactly one of engine or model (and optionally category with model)")
+        if self.category is not None and self.model is None:
+            raise ValueError("category needs model")
+        return self
+
+
+class Forgotten(BaseModel):
+    kind: Literal["engine", "model", "category"]
+    engine: str | None = None
+    model: str | None = None
+    category: str | None = None
+    series: int = Field(description="series the learned state is charged after forgetting")

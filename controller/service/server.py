@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import socket
+from typing import Any
 
 import uvicorn
 
@@ -13,6 +14,7 @@ from controller.service import logs
 from controller.service.app import create_app
 from controller.service.auth import AdminListener
 from controller.service.clock import Clock, SystemClock
+from controller.service.connections import limited_protocol
 from controller.service.settings import ServiceSettings
 from controller.service.store import Store
 
@@ -74,9 +76,18 @@ def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
         log.warning("insecure dev mode: scopes without a token accept any request")
     app = create_app(settings, clock or SystemClock(), admin_listener=admin)
     io = fast_io()
+    srv = settings.server
+    http: Any = io["http"]
+    if http == "httptools":
+        http = limited_protocol(srv.max_connections, srv.header_timeout_s)
+    else:
+        log.warning("httptools not installed: no connection cap or header timeout (only uvicorn's own limits)")
     config = uvicorn.Config(
         app,
-        **io,
+        loop=io["loop"],
+        http=http,
+        timeout_keep_alive=srv.keep_alive_s,
+        limit_concurrency=srv.concurrency_limit,
         log_config=None,  # logs.configure already routed uvicorn's loggers to the JSON handler
         lifespan="on",
         access_log=settings.server.access_log,

@@ -60,6 +60,43 @@ class ServerSettings(_Env):
         "close to the expiry, which itself is enforced at read time regardless",
     )
 
+    max_connections: int = Field(
+        default=512,
+        ge=1,
+        le=65_536,
+        description="open connections; one beyond it is closed at once. An engine holds one keep-alive "
+        "connection and an operator a few, so 512 serves hundreds of engines while idle sockets cannot exhaust "
+        "the process's file descriptors (1024 by default in a container)",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="seconds a connection may take to send a request's line and headers (from when it opened, "
+        "or from the previous response); then it is closed. An engine sends them in one packet",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="seconds from a request's headers to the end of its body; then 408. A 4 MiB body arrives "
+        "in well under a second on any network an engine reports over",
+    )
+    keep_alive_s: int = Field(
+        default=5,
+        ge=1,
+        le=600,
+        description="seconds an idle keep-alive connection is kept open after a response; engines post every "
+        "0.1 s and keep theirs, an idle client is let go",
+    )
+    concurrency_limit: int = Field(
+        default=256,
+        ge=1,
+        le=65_536,
+        description="requests in progress at once; beyond it new requests get 503 (uvicorn's limit_concurrency) "
+        "instead of queueing without bound",
+    )
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:

@@ -54,12 +54,36 @@ CREATE TABLE IF NOT EXISTS snapshots (
     ts   REAL NOT NULL,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quarantined_snapshots (
+    id     INTEGER PRIMARY KEY,
+    ts     REAL NOT NULL,
+    data   TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS forgotten (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    ts   REAL NOT NULL,
+    PRIMARY KEY (kind, name)
+);
 """
 
 #: Actor recorded when the service itself removes an expired override.
 SYSTEM_ACTOR = "specctl"
 
 T = TypeVar("T")
+
+
+def describe_store_error(exc: BaseException) -> str:
+    """The store's failure in words an operator acts on (disk full, read-only, locked), with SQLite's text."""
+    text = str(exc)
+    lowered = text.lower()
+    for needle, what in (("disk is full", "disk full"), ("readonly", "read-only store"),
+                         ("read-only", "read-only store"), ("locked", "locked by another process"),
+                         ("disk i/o", "disk I/O error")):
+        if needle in lowered:
+            return f"{what} ({type(exc).__name__}: {text})"
+    return f"{type(exc).__name__}: {text}"
 
 
 class StoreError(RuntimeError):
@@ -176,9 +200,21 @@ class Store:
                 result = body(conn)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # SQLite may have rolled back already (disk full, I/O error): a second ROLLBACK would raise
+                # "cannot rollback - no transaction is active" and hide the real reason
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
                 raise
             return result
+
+    def check_writable(self) -> None:
+        """Take the write lock and let it go (raises the store's error: locked, read-only, I/O)."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("ROLLBACK")
 
     def put_override(self, override: Override) -> AuditRecord:
         """Insert or replace the category's override and audit it; durable when this returns."""
@@ -248,18 +284,55 @@ class Store:
                 "DELETE FROM snapshots WHERE id NOT IN (SELECT id FROM snapshots ORDER BY id DESC LIMIT ?)",
                 (self._snapshots_kept,),
             )
+            # a tombstone older than every kept snapshot has nothing left to keep from coming back
+            conn.execute("DELETE FROM forgotten WHERE ts < (SELECT min(ts) FROM snapshots)")
             return int(cur.lastrowid or 0)
 
         return self._transaction(body)
 
-    def latest_snapshots(self) -> list[tuple[float, dict[str, Any]]]:
-        """Kept snapshots, newest first (a caller falls back to an older one if the newest cannot load)."""
+    def latest_snapshots(self) -> list[tuple[int, float, Any]]:
+        """Kept snapshots as (id, ts, data), newest first (a caller falls back to an older one if the newest
+        cannot load); data is None where the stored text is not JSON."""
         with self._lock:
-            rows = self._conn.execute("SELECT ts, data FROM snapshots ORDER BY id DESC").fetchall()
-        out = []
+            rows = self._conn.execute("SELECT id, ts, data FROM snapshots ORDER BY id DESC").fetchall()
+        out: list[tuple[int, float, Any]] = []
         for row in rows:
             try:
-                out.append((row["ts"], json.loads(row["data"])))
-            except ValueError:
-                continue
+                data = json.loads(row["data"])
+            except (ValueError, RecursionError):
+                data = None
+            out.append((int(row["id"]), float(row["ts"]), data))
         return out
+
+    def quarantine_snapshot(self, snapshot_id: int, reason: str, *, keep: bool = False) -> None:
+        """Copy a snapshot into ``quarantined_snapshots`` (for inspection) and, unless ``keep``, remove it."""
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT OR REPLACE INTO quarantined_snapshots (id, ts, data, reason) "
+                         "SELECT id, ts, data, ? FROM snapshots WHERE id = ?", (reason[:500], snapshot_id))
+            if not keep:
+                conn.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
+        self._transaction(body)
+
+    def quarantined(self) -> list[tuple[int, float, str]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT id, ts, reason FROM quarantined_snapshots ORDER BY id").fetchall()
+        return [(int(r["id"]), float(r["ts"]), str(r["reason"])) for r in rows]
+
+    # -- what an operator or the idle sweep evicted (a restart must not bring it back) -----------------
+
+    def record_forgotten(self, items: list[tuple[str, str]], ts: float) -> None:
+        """Remember evicted (kind, name) pairs: state a snapshot still holds for them is dropped on load."""
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT OR REPLACE INTO forgotten (kind, name, ts) VALUES (?, ?, ?)",
+                             [(k, n, ts) for k, n in items])
+
+        if items:
+            self._transaction(body)
+
+    def forgotten(self) -> list[tuple[str, str, float]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT kind, name, ts FROM forgotten").fetchall()
+        return [(str(r["kind"]), str(r["name"]), float(r["ts"])) for r in rows]

@@ -1,12 +1,18 @@
-"""GET /v1/engines: per-engine telemetry bookkeeping (last seq, gaps, dropped steps, policy age)."""
+"""GET /v1/engines: per-engine telemetry bookkeeping (last seq, gaps, dropped steps, policy age);
+POST /v1/forget: an operator drops what was learned for an engine, a model or a (model, category)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from controller.service.deps import RuntimeDep, SingleValuedQuery
+from controller.core.brain import category_key
+
+from controller.service.deps import AdminAuth, RuntimeDep, SingleValuedQuery, read_json
+from controller.service.errors import BadInput
+from controller.service.openapi_bodies import json_body, responses
+from controller.service.schemas import ForgetIn, Forgotten
 
 router = APIRouter(prefix="/v1", tags=["engines"], dependencies=[SingleValuedQuery])
 
@@ -14,3 +20,18 @@ router = APIRouter(prefix="/v1", tags=["engines"], dependencies=[SingleValuedQue
 @router.get("/engines", summary="Engines that reported telemetry")
 async def list_engines(runtime: RuntimeDep) -> list[dict[str, Any]]:
     return runtime.engines()
+
+
+@router.post("/forget", openapi_extra=json_body(ForgetIn), responses=responses(400, 401, 403, 404, 415, 422, 503),
+             summary="Forget an engine, a model or a (model, category) now (as the idle sweep would)")
+async def forget(request: Request, runtime: RuntimeDep, _: AdminAuth) -> Forgotten:
+    body = await read_json(request, ForgetIn, "forget request")
+    if body.engine is not None:
+        kind, name = "engine", body.engine
+    elif body.category is not None:
+        kind, name = "category", category_key(body.model or "", body.category)
+    else:
+        kind, name = "model", body.model or ""
+    if not await runtime.forget(kind, name, actor=body.actor, reason=body.reason):
+        raise BadInput(404, f"no {kind} {name!r} is known")
+    return Forgotten(kind=kind, engine=body.engine, model=body.model, category=body.category, series=runtime.series())

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-
-from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 
 from controller.service.schemas import Health, Readiness
@@ -23,13 +20,8 @@ async def readyz(request: Request, response: Response) -> Readiness:
     if runtime is None:
         response.status_code = 503
         return Readiness(status="starting", store="not open", last_snapshot_age_s=None, overrides=0)
-    store = "ok"
-    try:
-        await to_thread.run_sync(runtime.store.ping)
-    except sqlite3.Error as exc:
-        store = f"{type(exc).__name__}: {exc}"
-    if store == "ok" and runtime.store_error:
-        store = f"last write failed: {runtime.store_error}"
+    # the store's health now (a write probe), not the last write's: a transient lock recovers by itself
+    store = await runtime.check_store()
     now = runtime.clock.now()
     age = None if runtime.last_snapshot_ts is None else max(0.0, now - runtime.last_snapshot_ts)
     status = "ready" if store == "ok" else "degraded"

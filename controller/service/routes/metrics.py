@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
@@ -21,4 +22,7 @@ async def get_metrics(request: Request, _: RuntimeDep) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     except Exception:  # noqa: BLE001 -- any Accept header the library cannot parse gets the classic text format
         encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
-    return Response(encoder(request.app.state.registry), media_type=content_type)
+    # rendered in a worker thread: the event loop (and every engine's post) never waits on a scrape; the
+    # snapshot is taken under the Brain lock there, the text is written outside it
+    body = await to_thread.run_sync(encoder, request.app.state.registry)
+    return Response(body, media_type=content_type)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import sqlite3
 from typing import Annotated
 
@@ -12,7 +14,9 @@ from controller.service.deps import AdminAuth, RuntimeDep, read_json
 from controller.service.errors import BadInput
 from controller.service.openapi_bodies import json_body, responses
 from controller.service.schemas import ACTOR_PATTERN, AuditEntry, OverrideChange, OverrideIn, OverrideOut
-from controller.service.store import AuditRecord
+from controller.service.store import AuditRecord, describe_store_error
+
+log = logging.getLogger("controller.service")
 
 router = APIRouter(prefix="/v1", tags=["overrides"])
 
@@ -24,7 +28,8 @@ def audit_entry(record: AuditRecord) -> AuditEntry:
 
 
 def _not_stored(exc: sqlite3.Error) -> BadInput:
-    return BadInput(503, f"override not applied: the SQLite store failed ({type(exc).__name__})")
+    log.error("override not applied", extra={"error": describe_store_error(exc)})
+    return BadInput(503, f"override not applied: the SQLite store failed: {describe_store_error(exc)[:300]}")
 
 
 @router.get("/overrides", summary="Overrides in force")

@@ -31,7 +31,7 @@ def _engine_id_of(raw: bytes) -> str | None:
     "/telemetry",
     response_model=TelemetryAck,
     openapi_extra=json_body(TelemetryBatch),
-    responses=responses(400, 401, 403, 413, 415, 422),
+    responses=responses(400, 401, 403, 408, 409, 413, 415, 422, 429),
     summary="Report engine steps; answer carries the policy for this engine",
 )
 async def post_telemetry(request: Request, runtime: IngestRuntime) -> Response:
@@ -45,6 +45,6 @@ async def post_telemetry(request: Request, runtime: IngestRuntime) -> Response:
         ack = runtime.ingest(batch)
     except IngestRejected as exc:
         runtime.record_rejected(batch.engine_id)
-        raise BadInput(422, f"telemetry batch refused: {exc.reason}") from None
+        raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
     # Already serialised (the response model documents it): FastAPI would validate and serialise it again.
     return Response(ack, media_type="application/json")

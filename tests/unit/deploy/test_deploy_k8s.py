@@ -90,6 +90,17 @@ def test_every_pod_disables_service_links_and_probes_every_container(overlay):
                 assert c[probe]["httpGet"]["port"] in named
 
 
+def test_controller_sidecar_can_never_take_the_engine_out_of_service(overlay):
+    """Pod readiness is the AND of its containers': the controller sidecar's probes must not depend on its store."""
+    for dep in find(build(overlay), "Deployment"):
+        spec = dep["spec"]["template"]["spec"]
+        engine_pod = any(c["name"] != "specctl-controller" for c in spec["containers"])
+        for c in spec["containers"] + spec.get("initContainers", []):
+            if c["name"] == "specctl-controller" and engine_pod:
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["httpGet"]["path"] == "/healthz", (dep["metadata"]["name"], probe)
+
+
 def test_images_are_tagged(overlay):
     for dep in find(build(overlay), "Deployment"):
         spec = dep["spec"]["template"]["spec"]

@@ -69,7 +69,8 @@ def test_override_cycle(routed):
         (["override", "set", "code", "--k", "2", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": "wrong-token-xxxxxxxx"},
          1, "HTTP 403"),
         (["override", "set", "code", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 2, "--k N"),
-        (["override", "set", "code", "--k", "99", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 1, "k:"),
+        # refused client-side with the server's bound (it was sent and refused by the server before)
+        (["override", "set", "code", "--k", "99", "--reason", "r"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 2, "--k"),
         (["override", "clear", "nothing"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 1, "HTTP 404"),
         (["override", "set", "code", "--k", "1"], {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}, 2, "--reason"),
     ],
@@ -103,3 +104,75 @@ def test_serve_refuses_unusable_db(tmp_path):
 
 def test_table_format():
     assert cli.format_table([["a", "bbb"], ["cc", "d"]], ["h1", "h2"]).splitlines() == ["h1  h2", "a   bbb", "cc  d"]
+
+
+def test_category_rule_is_the_servers():
+    from controller.protocol import CATEGORY_PATTERN
+
+    assert cli.CATEGORY_RULE.pattern == CATEGORY_PATTERN
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("override", "set", "a/../b", "--k", "1", "--reason", "r"), "invalid category"),
+        (("override", "set", "code?x=1", "--k", "1", "--reason", "r"), "invalid category"),
+        (("override", "set", "%2e%2e", "--k", "1", "--reason", "r"), "invalid category"),
+        (("override", "clear", "a/b"), "invalid category"),
+        (("override", "set", "code", "--k", "1", "--ttl", "inf", "--reason", "r"), "--ttl must be a finite"),
+        (("override", "set", "code", "--k", "1", "--ttl", "nan", "--reason", "r"), "--ttl must be a finite"),
+        (("override", "set", "code", "--k", "1", "--ttl", "-5", "--reason", "r"), "--ttl must be a finite"),
+    ],
+    ids=["slash", "query", "encoded", "clear-slash", "inf", "nan", "negative"],
+)
+def test_bad_arguments_are_usage_errors_and_send_nothing(routed, args, message):
+    result = run(*args, env={"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert result.exit_code == cli.EXIT_USAGE, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert routed == []  # refused client-side: nothing reached the controller
+
+
+def test_one_name_never_rewrites_another(routed):
+    """'a.b' and 'a' are different overrides (the path was sent unencoded and unchecked before)."""
+    env = {"SPECCTL_ADMIN_TOKEN": ADMIN_TOKEN}
+    assert run("override", "set", "a.b", "--k", "1", "--reason", "r", env=env).exit_code == 0
+    assert run("override", "set", "a", "--k", "2", "--reason", "r", env=env).exit_code == 0
+    listed = {line.split()[0]: line for line in run("override", "list").output.splitlines()[1:]}
+    assert "k=1" in listed["a.b"] and "k=2" in listed["a"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [("m\x1b[2Jx", "m\\x1b[2Jx"), ("a\rb", "a\\x0db"), ("r\u202eevil", "r\\u202eevil"), ("back\\slash", "back\\\\slash"),
+     ("plain-ñ", "plain-ñ")],
+)
+def test_tables_escape_control_characters(raw, shown):
+    table = cli.format_table([[raw, "x"]], ["model", "k"])
+    assert table.splitlines()[1].startswith(shown)
+    assert not any(ord(c) < 32 for c in table.replace("\n", ""))
+
+
+def test_status_escapes_model_names(client, routed):
+    client.post("/v1/telemetry", json=batch(0, model="evil\x1b]0;pwned\x07"), headers=INGEST)
+    result = run("status")
+    assert result.exit_code == 0 and "\x1b" not in result.output and "\\x1b]0;pwned\\x07" in result.output
+
+
+def test_status_warns_of_a_shared_engine_id(client, routed):
+    client.post("/v1/telemetry", json=batch(0, boot_id="boot-a"), headers=INGEST)
+    client.post("/v1/telemetry", json=batch(0, boot_id="boot-b"), headers=INGEST)
+    client.post("/v1/telemetry", json=batch(1, boot_id="boot-a"), headers=INGEST)
+    client.post("/v1/telemetry", json=batch(2, boot_id="boot-a"), headers=INGEST)  # boot-a is still running
+    result = run("status")
+    assert result.exit_code == 0 and "used by two running engines" in result.output
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_short_help_and_defaults_shown(flag):
+    result = run("override", "set", flag)
+    assert result.exit_code == 0 and "SPECCTL_CONTROLLER_URL" in result.output and "default" in result.output
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.startswith("specctl")

@@ -25,7 +25,7 @@ def test_document_covers_the_fixed_endpoints():
         ("/v1/telemetry", "post"), ("/v1/policy", "get"), ("/v1/categories", "get"), ("/v1/categories/{name}", "get"),
         ("/v1/overrides", "get"), ("/v1/overrides/{category}", "get"), ("/v1/overrides/{category}", "put"),
         ("/v1/overrides/{category}", "delete"), ("/v1/audit", "get"), ("/v1/engines", "get"), ("/healthz", "get"),
-        ("/readyz", "get"), ("/metrics", "get"),
+        ("/readyz", "get"), ("/metrics", "get"), ("/v1/forget", "post"),
     }
     assert {(p, m) for p, ops in doc["paths"].items() for m in ops} == expected
     assert doc["paths"]["/v1/telemetry"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {

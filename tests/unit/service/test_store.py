@@ -91,7 +91,7 @@ def test_failed_transaction_leaves_no_audit_hole(store, monkeypatch):
 def test_snapshots_kept_newest_first(store):
     for i in range(4):
         store.save_snapshot(float(i), {"n": i})
-    assert [data["n"] for _, data in store.latest_snapshots()] == [3, 2]
+    assert [data["n"] for _, _, data in store.latest_snapshots()] == [3, 2]
 
 
 def test_newer_schema_refused(tmp_path):

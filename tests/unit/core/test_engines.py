@@ -1,0 +1,66 @@
+"""EngineBook: dedup per (boot, seq), and two running engines sharing one id told apart from a restart."""
+
+import pytest
+
+from controller.core.engines import COUNTER_CAP, EngineBook
+
+
+def feed(book, batches):
+    outcomes = []
+    for boot, seq in batches:
+        outcome, gap = book.classify(boot, seq)
+        if outcome == "accepted":
+            book.record(boot, seq, gap, 0)
+        elif outcome == "conflict":
+            book.record_conflict(boot, seq, 0.0)
+        elif outcome == "suspect":
+            book.record_suspect(boot, seq)
+        outcomes.append(outcome)
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    ("batches", "outcomes", "conflicts"),
+    [
+        # a restart: the old boot's late retry of a seq it had sent is a duplicate ("stale"), no conflict
+        ([("a", 0), ("a", 1), ("b", 0), ("a", 1)], ["accepted", "accepted", "accepted", "stale"], 0),
+        # a restart with one batch of the old boot still in flight: not a conflict
+        ([("a", 0), ("b", 0), ("a", 1), ("b", 1)], ["accepted", "accepted", "suspect", "accepted"], 0),
+        # two engines, one id: boot a keeps sending new seqs after boot b appeared
+        ([("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("a", 3)],
+         ["accepted", "accepted", "suspect", "accepted", "conflict", "conflict"], 2),
+        # each new batch of the other engine counts once; a retry of it does not count again
+        ([("a", 5), ("b", 0), ("a", 6), ("a", 7), ("a", 7)], ["accepted", "accepted", "suspect", "conflict", "stale"],
+         1),
+    ],
+    ids=["restart", "in-flight", "interleaved", "retry-of-conflict"],
+)
+def test_shared_id_detected(batches, outcomes, conflicts):
+    book = EngineBook("e")
+    assert feed(book, batches) == outcomes
+    assert book.id_conflicts == conflicts
+
+
+def test_conflict_state_round_trips():
+    book = EngineBook("e")
+    feed(book, [("a", 0), ("b", 0), ("a", 1), ("a", 2)])
+    back = EngineBook.from_dict(book.to_dict())
+    assert (back.id_conflicts, back.conflict_boot, back.retired_max_seq) == (1, "a", {"a": 2})
+    assert feed(back, [("a", 3), ("a", 4)]) == ["suspect", "conflict"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_seq", 10**400), ("max_seq", -5), ("step_seconds", float("inf")), ("seen", [-1])],
+)
+def test_out_of_range_snapshot_refused(field, value):
+    d = EngineBook("e").to_dict()
+    d[field] = value
+    with pytest.raises((ValueError, OverflowError)):
+        EngineBook.from_dict(d)
+
+
+def test_restored_counters_capped():
+    d = EngineBook("e").to_dict()
+    d["gaps"] = 10**400
+    assert EngineBook.from_dict(d).gaps == COUNTER_CAP
