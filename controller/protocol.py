@@ -183,6 +183,13 @@ class SpecConfig(_Strict):
         "one of per step (ascending, 0 first); empty for per-request k",
     )
 
+    @model_validator(mode="after")
+    def _widths_ascending_within_k_max(self) -> SpecConfig:
+        w = self.graph_widths
+        if w and (w[0] != 0 or any(b <= a for a, b in zip(w, w[1:])) or w[-1] > self.k_max):
+            raise ValueError("graph_widths must be strictly ascending, start at 0 and not exceed k_max")
+        return self
+
 
 class TelemetryBatch(_Strict):
     protocol: Literal[1] = PROTOCOL_VERSION

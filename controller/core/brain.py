@@ -515,6 +515,12 @@ class Brain:
         ms = self._models.get(model)
         if ms is None or not spec.graph_widths:
             return None, {}
+        try:
+            return self._graph_inputs_of(ms, spec)
+        except (ValueError, ArithmeticError):  # validated inputs cannot get here; the engine then runs its own k
+            return None, {}
+
+    def _graph_inputs_of(self, ms: ModelState, spec: SpecConfig) -> tuple[StepCells | None, dict[str, list[float]]]:
         view = ms.cells.view(spec.graph_widths, self._preset)
         cells = StepCells(batch_edges=list(view.batch_edges), widths=list(view.widths),
                           step_s=[[_round_sig(x) for x in row] for row in view.step_s],

@@ -62,3 +62,12 @@ def test_steps_with_prefill_do_not_enter_the_cells() -> None:
     b.ingest(batch(steps, 0, spec=GRAPH_SPEC), 1000.0)
     cells = b.policy_for("m", GRAPH_SPEC, 1001.0, engine_id="e1").step_cells
     assert all(c == 0 for row in cells.steps for c in row)
+
+
+@pytest.mark.parametrize("widths", [[0, 0], [1, 2], [0, 4, 2], [0, 9]])
+def test_malformed_width_sets_are_refused_by_the_protocol(widths) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="graph_widths"):
+        SpecConfig(method="eagle3", k_max=7, graph_widths=widths)
+    assert SpecConfig(method="eagle3", k_max=7, graph_widths=[0, 7]).graph_widths == [0, 7]
