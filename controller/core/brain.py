@@ -756,8 +756,10 @@ class Brain:
             for b in self._engines.values())
         ovs = tuple((c, kind) for c, ov in sorted(active_overrides(self._overrides, now).items()) for kind in ov.kinds)
         overflow = tuple((m, ms.overflow_steps) for m, ms in self._models.items())
+        # every known model has a sample, zero included, so "errors in range" reads 0 rather than no data
+        decision_errors = tuple(sorted({**{m: 0 for m in self._models}, **self._decision_errors}.items()))
         return MetricsSnapshot(tuple(methods), tuple(cats), engines, tuple(ratios), ovs, overflow,
-                               self._rejected_unknown, tuple(matches), tuple(sorted(self._decision_errors.items())),
+                               self._rejected_unknown, tuple(matches), decision_errors,
                                self._series, self.config.budget.max_series, self.evictions, self.budget_refusals)
 
     def _model_metrics(self, model: str, ms: ModelState, now: float) -> tuple[list, list, list, list]:

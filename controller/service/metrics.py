@@ -139,8 +139,7 @@ def _engine_families(snapshot: Any) -> list[Metric]:
             age.add_metric([row.engine], row.policy_age_s)
         steps.add_metric([row.model, row.engine], row.steps)
         step_s.add_metric([row.model, row.engine], row.step_seconds)
-        if row.id_conflicts:
-            conflicts.add_metric([row.engine], row.id_conflicts)
+        conflicts.add_metric([row.engine], row.id_conflicts)  # zero too: "conflicts in range" reads 0, not no data
     if snapshot.rejected_unknown_engine:
         batches.add_metric([UNKNOWN_ENGINE, "rejected"], snapshot.rejected_unknown_engine)
     return [batches, gaps, dropped, age, steps, step_s, conflicts]
