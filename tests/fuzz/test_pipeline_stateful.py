@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client.parser import text_string_to_metric_families
@@ -134,6 +134,7 @@ class Pipeline(RuleBasedStateMachine):
     @rule(body=batches())
     def post_valid(self, body):
         r = self._post(json.dumps(body))
+        event(f"valid batch answered {r.status_code}")
         assert r.status_code in (200, 409, 422, 429), (r.status_code, r.text[:300])
         if r.status_code != 200:
             assert r.json()["detail"]  # a reason
