@@ -59,9 +59,12 @@ class Renderer:
         if self._pool is not None:
             try:
                 return await asyncio.get_running_loop().run_in_executor(self._pool, render, snapshot, stats, accept)
-            except concurrent.futures.process.BrokenProcessPool as exc:
-                log.warning("render process lost, scrapes render in a thread from now on", extra={"error": str(exc)})
-                self._pool = None
+            except (concurrent.futures.process.BrokenProcessPool, OSError, RuntimeError) as exc:
+                # it died, or could not be started here (no /dev/shm, process limit): a thread from now on
+                log.warning("render process unusable, scrapes render in a thread from now on",
+                            extra={"error": f"{type(exc).__name__}: {exc}"})
+                pool, self._pool = self._pool, None
+                pool.shutdown(wait=False, cancel_futures=True)
         return await to_thread.run_sync(render, snapshot, stats, accept)
 
     def close(self) -> None:

@@ -38,3 +38,19 @@ def test_concurrent_scrapes_share_one_render(client, monkeypatch):
 
     results = client.portal.call(three)
     assert len({body for body, _ in results}) == 1 and len(calls) == 1
+
+
+def test_unusable_render_process_falls_back_to_a_thread(client):
+    runtime = client.app.state.runtime
+
+    class Broken:
+        def submit(self, *args, **kwargs):
+            raise OSError("no /dev/shm")
+
+        def shutdown(self, **kwargs):
+            pass
+
+    renderer = Renderer(processes=0)
+    renderer._pool = Broken()
+    body, _ = client.portal.call(renderer.scrape, runtime, "")
+    assert b"specctl_series" in body and renderer._pool is None
