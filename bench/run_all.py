@@ -17,6 +17,8 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     # (module, full-run args, quick-run args)
     ("bench.ingest", [], ["--quick"]),
     ("bench.load", [], ["--duration", "10"]),
+    ("bench.budget", [], ["--seconds", "5", "--out", "bench/results/tmp/budget_quick.json"]),
+    ("bench.fuzz", [], ["--examples", "12", "--steps", "25"]),
     ("bench.sim.run", [], ["--quick"]),
     ("bench.reporter_cost", [], ["--posts", "30"]),
     ("bench.overhead", [], []),

@@ -18,8 +18,8 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from urllib.parse import quote
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import typer
 

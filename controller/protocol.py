@@ -25,6 +25,7 @@ monotonic clock, so clock skew does not matter); after that it falls back to its
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Annotated, Literal
 
@@ -186,7 +187,7 @@ class SpecConfig(_Strict):
     @model_validator(mode="after")
     def _widths_ascending_within_k_max(self) -> SpecConfig:
         w = self.graph_widths
-        if w and (w[0] != 0 or any(b <= a for a, b in zip(w, w[1:])) or w[-1] > self.k_max):
+        if w and (w[0] != 0 or any(b <= a for a, b in itertools.pairwise(w)) or w[-1] > self.k_max):
             raise ValueError("graph_widths must be strictly ascending, start at 0 and not exceed k_max")
         return self
 

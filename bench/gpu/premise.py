@@ -63,8 +63,9 @@ def build(engine: str, models: Path):
     from vllm import LLM
 
     target = write_model(models, "8b", "target")
-    kwargs = dict(model=str(target), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                  max_model_len=PROMPT_TOKENS + OUTPUT_TOKENS + 64, max_num_seqs=256, seed=0, disable_log_stats=False)
+    kwargs: dict = {"model": str(target), "load_format": "dummy", "skip_tokenizer_init": True, "dtype": "bfloat16",
+                    "max_model_len": PROMPT_TOKENS + OUTPUT_TOKENS + 64, "max_num_seqs": 256, "seed": 0,
+                    "disable_log_stats": False}
     if engine == "specctl":
         head = write_model(models, "8b", "eagle3")
         kwargs["speculative_config"] = {

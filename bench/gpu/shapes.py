@@ -115,7 +115,7 @@ class EngineConfig:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "EngineConfig":
+    def from_json(cls, text: str) -> EngineConfig:
         data = json.loads(text)
         if data.get("k_table") is not None:
             data["k_table"] = tuple(tuple(r) for r in data["k_table"])

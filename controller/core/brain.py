@@ -56,8 +56,8 @@ from controller.protocol import (
     MAX_K,
     MAX_SEQ,
     METHOD_ENGINE,
-    OVERFLOW_CATEGORY,
     METHOD_OFF,
+    OVERFLOW_CATEGORY,
     AdaptRule,
     CategoryPolicy,
     Policy,
@@ -622,12 +622,19 @@ class Brain:
                     return None
         return None
 
-    def _effective(self, model: str, now: float) -> tuple[Decision, Policy, SpecConfig, str] | None:
+    def _effective(self, model: str, now: float, cached_only: bool = False
+                   ) -> tuple[Decision, Policy, SpecConfig, str] | None:
+        """The decision a view shows; ``cached_only``: the one last computed, however old (a scrape reads what
+        the engines are being served and pays for a decision only when none was ever computed)."""
         vk = self._view_key(model)
         if vk is None:
             return None
         key, spec = vk
-        decision = self._decision(key, spec, now)
+        held = self._decisions.get(key) if cached_only else None
+        if held is not None:
+            decision = held.decision
+        else:
+            decision = self._decision(key, spec, now)
         return decision, self._wire(key, decision, spec, now), spec, f"{spec.method}/{spec.k_max}"
 
     def _model_views(self, model: str, now: float) -> list[CategoryView]:
@@ -734,16 +741,33 @@ class Brain:
                 None if b.conflict_at is None else max(0.0, now - b.conflict_at)))
         return out
 
-    def metrics(self, now: float) -> MetricsSnapshot:
+    def model_names(self) -> list[str]:
+        return list(self._models)
+
+    def model_metrics(self, model: str, now: float) -> tuple[list, list, list, list] | None:
+        """One model's part of :meth:`metrics` (None if unknown or unreadable: counted as a decision error).
+
+        The service builds a scrape's snapshot model by model, letting go of the Brain between models, so an
+        ingest never waits for a whole scrape."""
+        ms = self._models.get(model)
+        if ms is None:
+            return None
+        try:
+            return self._model_metrics(model, ms, now)
+        except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail the scrape
+            self._count_error(model, exc)
+            return None
+
+    def metrics(self, now: float, parts: list[tuple[list, list, list, list] | None] | None = None) -> MetricsSnapshot:
+        """Everything a scrape exports; ``parts``: the models' rows built before (see :meth:`model_metrics`)."""
         methods: list[MethodCounters] = []
         cats: list[CategoryMetrics] = []
         ratios: list[tuple[str, str, float]] = []
         matches: list[tuple[str, str, str, float]] = []
-        for model, ms in self._models.items():
-            try:
-                model_rows = self._model_metrics(model, ms, now)
-            except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail the scrape
-                self._count_error(model, exc)
+        if parts is None:
+            parts = [self.model_metrics(model, now) for model in self._models]
+        for model_rows in parts:
+            if model_rows is None:
                 continue
             methods.extend(model_rows[0])
             cats.extend(model_rows[1])
@@ -768,7 +792,7 @@ class Brain:
         cats: list[CategoryMetrics] = []
         ratios: list[tuple[str, str, float]] = []
         matches: list[tuple[str, str, str, float]] = []
-        eff = self._effective(model, now)
+        eff = self._effective(model, now, cached_only=True)
         for name, st in ms.categories.items():
             lengths = [0] * (MAX_K + 1)
             accepted = 0

@@ -113,6 +113,8 @@ class CostCoefficients:
 
 
 N_FEATURES = 9
+#: Floor of the fitted per-step base cost, seconds (1 us: no engine step is shorter).
+MIN_BASE_S = 1e-6
 
 
 def features(n: float, tokens: float, knee: float, depth: float, free_tokens: float) -> np.ndarray:
@@ -370,7 +372,10 @@ class OnlineCostModel:
             if self.weight <= 0:
                 self._cached = self.preset
             else:
-                self._cached = CostCoefficients.from_vector(self._solve() / _SCALES, self.preset.knee)
+                fit = CostCoefficients.from_vector(self._solve() / _SCALES, self.preset.knee)
+                # a step costs something: without the floor, steps reported (validly) fast enough fit every
+                # coefficient to 0 and each goodput divided by a zero step time
+                self._cached = fit if fit.base >= MIN_BASE_S else replace(fit, base=MIN_BASE_S)
         return self._cached
 
     def _solve(self) -> np.ndarray:
@@ -381,7 +386,12 @@ class OnlineCostModel:
         while free.any():
             idx = np.flatnonzero(free)
             a = self.xtx[np.ix_(idx, idx)] + lam * np.eye(len(idx))
-            sol = np.linalg.solve(a, self.xty[idx] + lam * prior[idx])
+            try:
+                sol = np.linalg.solve(a, self.xty[idx] + lam * prior[idx])
+            except np.linalg.LinAlgError:  # numerically singular (features at the edge of their range)
+                sol = np.linalg.lstsq(a, self.xty[idx] + lam * prior[idx], rcond=None)[0]
+            if not np.all(np.isfinite(sol)):
+                return prior  # no usable fit: the preset
             if np.all(sol >= 0):
                 phi[idx] = sol
                 return phi

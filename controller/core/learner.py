@@ -49,6 +49,15 @@ class CategoryState:
         return st
 
 
+#: Shortest step time the cost model learns from, seconds. No engine step (schedule, forward pass, sampling)
+#: takes less than a microsecond; a report below it is a clock artefact or an attack, and learning from it
+#: drove the fitted step cost to zero (every decision then divided by zero). Such steps still count as steps.
+MIN_STEP_S = 1e-6
+#: ... nor verifies a token in less than a nanosecond (an H200 spends about 10 us per decode token, prefill
+#: well above 0.1 us): a step reporting less time for its tokens is not learned from either.
+MIN_TOKEN_S = 1e-9
+
+
 def _count(value: object) -> int:
     return min(COUNTER_CAP, max(0, int(value)))  # type: ignore[call-overload]
 
@@ -117,8 +126,9 @@ class ModelState:
                 e = max(0, step.scheduled_tokens - step.batch_size - step.draft_tokens)
                 extra += e
                 extra_values.append(e)
-                n, tok, depth, free = step_shape(step, batch.spec.method)
-                shapes.append((n, tok, depth, free, step.wall_s, step_kind(step)))
+                if step.wall_s >= max(MIN_STEP_S, MIN_TOKEN_S * step.scheduled_tokens):  # below: not a timing
+                    n, tok, depth, free = step_shape(step, batch.spec.method)
+                    shapes.append((n, tok, depth, free, step.wall_s, step_kind(step)))
             for cs in step.categories:
                 cat = cs.category
                 if cat not in known:

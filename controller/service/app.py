@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from prometheus_client import CollectorRegistry
 
 from controller.core.config import BrainConfig
 from controller.protocol import TelemetryBatch
@@ -23,8 +22,8 @@ from controller.service import errors, openapi_bodies
 from controller.service.auth import AdminListener, Scope, TokenCheck
 from controller.service.clock import Clock, Sleep, SystemClock, real_sleep
 from controller.service.limits import BodyLimit
-from controller.service.metrics import SpecctlCollector
 from controller.service.recorder import Recorder
+from controller.service.render import Renderer
 from controller.service.routes import audit, categories, engines, health, metrics, overrides, policy, telemetry
 from controller.service.runtime import Runtime, restore_brain
 from controller.service.schemas import ForgetIn, OverrideIn
@@ -87,9 +86,7 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
                 runtime.store.close()
                 raise
             runtime.recorder = recorder
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SpecctlCollector(runtime))
-        app.state.registry = registry
+        app.state.renderer = Renderer(settings.server.render_processes)
         app.state.runtime = runtime
         task = None
         try:
@@ -108,6 +105,7 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
             app.state.runtime = None
             if runtime.recorder is not None:
                 await to_thread.run_sync(runtime.recorder.stop)  # closes the gzip file: a complete recording
+            app.state.renderer.close()
             runtime.store.close()
 
     return lifespan

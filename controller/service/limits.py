@@ -60,7 +60,7 @@ class BodyLimit:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise HTTPException(408, f"request body not received within {self.body_timeout_s:g} s") from None
             if message["type"] == "http.request":
                 complete = not message.get("more_body", False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -176,33 +177,53 @@ def _other_families(snapshot: Any) -> list[Metric]:
     return [ratio, overrides, overflow, errors, series, budget, evictions, refusals]
 
 
-def _service_families(runtime: Any) -> list[Metric]:
+@dataclass(frozen=True)
+class ServiceStats:
+    """The service's own figures at scrape time (plain data: it travels to the render process)."""
+
+    internal_errors: int = 0
+    client_disconnects: int = 0
+    snapshot_age_s: float | None = None
+    #: (batches, dropped, errors, bytes on disk) of the telemetry recorder; None while recording is off
+    recorder: tuple[int, int, int, int] | None = None
+
+    @classmethod
+    def of(cls, runtime: Any) -> ServiceStats:
+        age = None if runtime.last_snapshot_ts is None else max(0.0, runtime.clock.now() - runtime.last_snapshot_ts)
+        rec = getattr(runtime, "recorder", None)
+        recorder = None
+        if rec is not None:
+            st = rec.stats
+            recorder = (st.batches, st.dropped, st.errors, st.bytes_on_disk)
+        return cls(runtime.internal_errors, runtime.client_disconnects, age, recorder)
+
+
+def _service_families(stats: ServiceStats) -> list[Metric]:
     errors = _counter("specctl_http_internal_errors", "Requests answered 500 (a bug: each is logged with an id)",
                       [])
-    errors.add_metric([], runtime.internal_errors)
+    errors.add_metric([], stats.internal_errors)
     gone = _counter("specctl_http_client_disconnects", "Requests whose client went away before its body arrived "
                     "(not an error of the controller)", [])
-    gone.add_metric([], runtime.client_disconnects)
+    gone.add_metric([], stats.client_disconnects)
     families: list[Metric] = [errors, gone]
-    if runtime.last_snapshot_ts is not None:
+    if stats.snapshot_age_s is not None:
         age = _gauge("specctl_snapshot_age_seconds", "Seconds since the learned state was last written to SQLite "
                      "(learning a crash would lose)", [])
-        age.add_metric([], max(0.0, runtime.clock.now() - runtime.last_snapshot_ts))
+        age.add_metric([], stats.snapshot_age_s)
         families.append(age)
-    recorder = getattr(runtime, "recorder", None)
-    if recorder is not None:  # only while recording is on (SPECCTL_RECORD_DIR)
-        stats = recorder.stats
+    if stats.recorder is not None:  # only while recording is on (SPECCTL_RECORD_DIR)
+        batches, dropped, errors_, bytes_on_disk = stats.recorder
         for name, doc, value in (
-            ("specctl_recorder_batches", "Telemetry batches written to the recording", stats.batches),
-            ("specctl_recorder_dropped", "Telemetry batches not recorded: the recorder's queue was full", stats.dropped),
-            ("specctl_recorder_errors", "Recorder write or delete failures (logged)", stats.errors),
+            ("specctl_recorder_batches", "Telemetry batches written to the recording", batches),
+            ("specctl_recorder_dropped", "Telemetry batches not recorded: the recorder's queue was full", dropped),
+            ("specctl_recorder_errors", "Recorder write or delete failures (logged)", errors_),
         ):
             family = _counter(name, doc, [])
             family.add_metric([], value)
             families.append(family)
         size = _gauge("specctl_recorder_bytes", "Bytes the recordings take in SPECCTL_RECORD_DIR (closed files; "
                       "refreshed at each rotation)", [])
-        size.add_metric([], stats.bytes_on_disk)
+        size.add_metric([], bytes_on_disk)
         families.append(size)
     return families
 
@@ -243,17 +264,40 @@ def sanitized(families: Iterable[Metric]) -> Iterator[Metric]:
         yield family
 
 
+def families(snapshot: Any, stats: ServiceStats) -> Iterator[Metric]:
+    """Every family of a scrape, from the Brain's snapshot and the service's figures, values made writable."""
+    yield from sanitized([*_method_families(snapshot), *_category_families(snapshot), *_engine_families(snapshot),
+                          *_other_families(snapshot), *_service_families(stats)])
+
+
+class _Families:
+    """What ``generate_latest`` reads: an object whose ``collect()`` yields the families."""
+
+    def __init__(self, snapshot: Any, stats: ServiceStats) -> None:
+        self._snapshot, self._stats = snapshot, stats
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self._snapshot, self._stats)
+
+
+def render(snapshot: Any, stats: ServiceStats, accept: str) -> tuple[bytes, str]:
+    """The exposition text for ``accept`` (classic text format for any Accept header the library refuses).
+
+    A plain function of plain data, so it can run in the render process (see :class:`Renderer`)."""
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+
+    try:
+        encoder, content_type = choose_encoder(accept)
+    except Exception:  # noqa: BLE001 -- any Accept header the library cannot parse gets the classic text format
+        encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+    return encoder(_Families(snapshot, stats)), content_type
+
+
 class SpecctlCollector(Collector):
+    """The same families on a registry (for tools that want a collector; the service renders via :func:`render`)."""
+
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._runtime.metrics()
-        yield from sanitized(self.families(snapshot))
-
-    def families(self, snapshot: Any) -> Iterator[Metric]:
-        yield from _method_families(snapshot)
-        yield from _category_families(snapshot)
-        yield from _engine_families(snapshot)
-        yield from _other_families(snapshot)
-        yield from _service_families(self._runtime)
+        return families(self._runtime.metrics(), ServiceStats.of(self._runtime))

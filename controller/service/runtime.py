@@ -15,6 +15,7 @@ import logging
 import math
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from anyio import to_thread
@@ -27,6 +28,9 @@ from controller.service.clock import Clock
 from controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
+
+#: Pause of a scrape's worker thread between two models' rows (lets a waiting ingest take the Brain lock).
+SCRAPE_YIELD_S = 0.0005
 
 
 def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
@@ -175,9 +179,20 @@ class Runtime:
             return [_json_safe(view.to_dict()) for view in self._brain.engines(now)]
 
     def metrics(self) -> Any:
+        """The scrape's snapshot, built model by model with the Brain lock let go in between (called from a
+        worker thread: an ingest on the event loop waits for one model's rows at most, not for the scrape)."""
         now = self.clock.now()
         with self._brain_lock:
-            snapshot = self._brain.metrics(now)
+            models = self._brain.model_names()
+        parts = []
+        for model in models:
+            with self._brain_lock:
+                parts.append(self._brain.model_metrics(model, now))
+            # threading.Lock is not fair: without a pause this thread would take it straight back and an
+            # ingest waiting on the event loop would wait for every model in turn
+            time.sleep(SCRAPE_YIELD_S)
+        with self._brain_lock:
+            snapshot = self._brain.metrics(now, parts)
             self._log_decision_error()
         return snapshot
 
@@ -207,7 +222,7 @@ class Runtime:
             done = self._brain.forget(kind, name)
         if done:
             await self._write(self.store.record_forgotten, [(kind, name)], now)
-            log.info("state forgotten", extra={"kind": kind, "name": name, "actor": actor, "reason": reason})
+            log.info("state forgotten", extra={"kind": kind, "forgotten": name, "actor": actor, "reason": reason})
         return done
 
     # -- overrides (file first, then memory) ---------------------------------------------------------

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client.parser import text_string_to_metric_families
@@ -134,9 +134,20 @@ class Pipeline(RuleBasedStateMachine):
     @rule(body=batches())
     def post_valid(self, body):
         r = self._post(json.dumps(body))
+        event(f"valid batch answered {r.status_code}")
         assert r.status_code in (200, 409, 422, 429), (r.status_code, r.text[:300])
         if r.status_code != 200:
             assert r.json()["detail"]  # a reason
+
+    @rule(body=batches(), copies=st.sampled_from([1_000, 7_000]))
+    def post_many_steps(self, body, copies):
+        """One step repeated thousands of times: enough weight to outvote every prior of the learned state."""
+        if not body["steps"]:
+            return
+        body["steps"] = body["steps"][:1] * copies
+        r = self._post(json.dumps(body, separators=(",", ":")))
+        event(f"many-step batch answered {r.status_code}")
+        assert r.status_code in (200, 409, 413, 422, 429), (r.status_code, r.text[:300])
 
     @rule(body=batches(), edge=st.sampled_from(BEYOND))
     def post_beyond_edge(self, body, edge):

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from controller.core.brain import category_key
-
 from controller.service.deps import AdminAuth, RuntimeDep, SingleValuedQuery, read_json
 from controller.service.errors import BadInput
 from controller.service.openapi_bodies import json_body, responses

@@ -293,3 +293,22 @@ def test_the_penalty_prior_holds_until_steps_speak():
     model.decay_to(0.0, 300)
     model.add_many([(16.0, 128.0, 7.0, 0.0, 12e-3, UNIFORM)] * 300 + [(16.0, 128.0, 7.0, 0.0, 12e-3, MIXED)] * 300)
     assert model.mixed_penalty(16, FULL_GRAPH_PENALTY) < 1.1  # mixed steps measured as fast: the prior yields
+
+
+@pytest.mark.parametrize(
+    ("n", "tokens", "depth", "free", "wall_s"),
+    [(1, 10_000_000, 32, 0, 5e-324), (1, 10_000_000, 32, 0, 1e-6), (10_000_000, 10_000_000, 32, 10_000_000, 3600.0),
+     (10_000_000, 1, 32, 10_000_000, 1e-9), (1, 1000, 1, 0, 1e-6)],
+)
+def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
+    """Steps at the edge of the protocol's ranges: the fit neither raises (a singular system) nor prices a
+    step at zero (every goodput would divide by it)."""
+    from controller.core.cost import MIN_BASE_S, PLAIN, UNIFORM, OnlineCostModel
+
+    for kind in (PLAIN, UNIFORM):
+        m = OnlineCostModel(PRESETS["h200"], 10.0)
+        for _ in range(20):
+            m.add_many([(n, tokens, depth, free, wall_s, kind)] * 20_000)
+        c = m.coefficients()
+        assert all(np.isfinite(c.vector())) and c.base >= MIN_BASE_S
+        assert c.step_time(1, 1) > 0 and np.all(m.depth_factors(1, 32) > 0) and m.mixed_penalty(1) > 0

@@ -38,7 +38,10 @@ async def parked_sleep(_: float) -> None:
 def settings_for(db: Path, *, store: dict | None = None, **server: object) -> ServiceSettings:
     """Validated settings without reading the environment (tokens fixed, SQLite file in a temp dir)."""
     return ServiceSettings(
-        server=ServerSettings.model_validate({**ServerSettings.model_construct().model_dump(), **server}),
+        # scrapes render in a worker thread here (a render process per test app would cost a start-up each);
+        # tests/unit/service/test_render.py runs the process
+        server=ServerSettings.model_validate({**ServerSettings.model_construct().model_dump(), "render_processes": 0,
+                                              **server}),
         auth=AuthSettings.model_construct(admin_token=SecretStr(ADMIN_TOKEN), ingest_token=SecretStr(INGEST_TOKEN)),
         store=StoreSettings.model_validate({**StoreSettings.model_construct().model_dump(), "db": db, **(store or {})}),
     )

@@ -120,3 +120,32 @@ def test_shared_engine_id_is_refused_with_a_reason_and_exposed(client):
     metrics = client.get("/metrics").text
     assert 'specctl_engine_id_conflicts_total{engine="engine-a"} 1.0' in metrics
     assert_all_answer(client)
+
+
+def _edge_timing_batch(seq: int, wall_s: float) -> dict:
+    """14 000 schema-valid steps: one request, 10^7 tokens verified, depth 32, in ``wall_s`` seconds."""
+    hist = {"k": 32, "accepted": [1] + [0] * 32}
+    step = {"t": 0.0, "wall_s": wall_s, "batch_size": 1, "scheduled_tokens": 10_000_000, "draft_tokens": 32,
+            "draft_depth": 32, "categories": [{"category": "code", "method": "eagle3", "requests": 1, "hists": [hist]}]}
+    return {**batch(seq, k_max=32, method="eagle3"), "steps": [step] * 14_000}
+
+
+@pytest.mark.parametrize("wall_s", [5e-324, 1e-9, 1e-6])
+def test_step_timings_at_the_edge_poison_nothing(make_client, clock, wall_s):
+    """The fitted step cost went to 0 and every decision divided by it: every later post of the model,
+    /metrics and /v1/categories answered 500, and the state in the snapshot did the same after a restart."""
+    client = make_client()
+    for seq in (0, 1):  # two posts: enough weight to outvote the cost model's prior
+        raw = json.dumps(_edge_timing_batch(seq, wall_s), separators=(",", ":"))  # compact: under the 4 MiB cap
+        assert client.post("/v1/telemetry", content=raw, headers={**INGEST, "Content-Type": "application/json"}
+                           ).status_code == 200
+        clock.advance(3)
+    assert post(client, batch(2, k_max=32, method="eagle3")).status_code == 200
+    assert_all_answer(client)
+    errors = [ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("specctl_decision_errors_total{")]
+    assert errors and all(ln.endswith(" 0.0") for ln in errors), errors  # the fit stayed sound
+    client.portal.call(client.app.state.runtime.snapshot)
+    restarted = make_client()
+    clock.advance(3)
+    assert_all_answer(restarted)
+    assert post(restarted, batch(3, k_max=32, method="eagle3")).status_code == 200

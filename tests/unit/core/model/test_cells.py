@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from controller.core.cost import PRESETS
@@ -51,7 +53,7 @@ def test_a_larger_batch_never_costs_less() -> None:
         table.add(100, 2, 0.005)  # a noisy, implausibly cheap larger bucket
     view = table.view(WIDTHS, H200)
     col = [row[2] for row in view.step_s]
-    assert all(b >= a for a, b in zip(col, col[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(col))
 
 
 def test_decay_halves_the_evidence() -> None:
