@@ -183,16 +183,22 @@ def run_engine(cfg: EngineConfig, args: argparse.Namespace, done: set[int], dead
         cmd += ["--skip", *map(str, sorted(done))]
     if args.eager:
         cmd.append("--eager")
-    log = args.state_dir / f"{cfg.name}.log"
-    print(f"== {cfg.name}: starting (log {log})", flush=True)
-    proc = subprocess.Popen(cmd, env=child_env(cfg, controller), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    relay = threading.Thread(target=_relay, args=(proc, log, cfg.name), daemon=True)
+    return run_engine_process(cfg.name, cmd, child_env(cfg, controller), args.state_dir / f"{cfg.name}.log",
+                              deadline + args.grace_s)
+
+
+def run_engine_process(name: str, cmd: list[str], env: dict[str, str], log: Path, kill_at: float) -> int:
+    """One engine child in its own process group, its output relayed to ``log``; killed at ``kill_at`` (unix s).
+    Returns its exit code (-9 when stopped at the deadline)."""
+    print(f"== {name}: starting (log {log})", flush=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    relay = threading.Thread(target=_relay, args=(proc, log, name), daemon=True)
     relay.start()
     try:
-        return proc.wait(timeout=max(1.0, deadline + args.grace_s - time.time()))
+        return proc.wait(timeout=max(1.0, kill_at - time.time()))
     except subprocess.TimeoutExpired:
-        print(f"== {cfg.name}: past the deadline, stopped", flush=True)
+        print(f"== {name}: past the deadline, stopped", flush=True)
         return -9
     finally:
         # The child's EngineCore (same process group) must be gone before the next engine asks for GPU memory.

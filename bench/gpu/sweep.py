@@ -26,10 +26,7 @@ import gzip
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -37,7 +34,7 @@ from pathlib import Path
 from bench.gpu import steady_plan as plan
 from bench.gpu.accept_plugin import ACCEPT_ENV, DISPATCH_FILE_ENV
 from bench.gpu.plugin_dist import plugins_env, write_plugin_dist
-from bench.gpu.run_bench import Controller, _relay, _wait_group_gone, tail
+from bench.gpu.run_bench import Controller, run_engine_process, tail
 from bench.gpu.shapes import CONCURRENCY, PROFILES
 from bench.gpu.steady_table import render
 
@@ -147,26 +144,8 @@ def run_child(engine: plan.SteadyEngine, points: list[plan.Point], args: argpars
     env = child_env(engine, dict(os.environ), dist_dir=write_plugin_dist(args.state_dir / "plugin_dist"),
                     dispatch_file=dispatch_file, controller_url=controller.engine_url() if engine.specctl else None,
                     model_runner=args.model_runner, backports=args.ktable_backports)
-    log = args.state_dir / f"{engine.name}.log"
-    print(f"== {engine.name}: starting, {len(points)} points (log {log})", flush=True)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    relay = threading.Thread(target=_relay, args=(proc, log, engine.name), daemon=True)
-    relay.start()
-    try:
-        return proc.wait(timeout=max(1.0, deadline + args.grace_s - time.time()))
-    except subprocess.TimeoutExpired:
-        print(f"== {engine.name}: past the deadline, stopped", flush=True)
-        return -9
-    finally:
-        # EngineCore (same process group) must be gone before the next engine asks for GPU memory.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        relay.join(5)
-        _wait_group_gone(proc.pid)
+    print(f"== {engine.name}: {len(points)} points", flush=True)
+    return run_engine_process(engine.name, cmd, env, args.state_dir / f"{engine.name}.log", deadline + args.grace_s)
 
 
 def error_row(engine: plan.SteadyEngine, rc: int, log: Path) -> dict:
