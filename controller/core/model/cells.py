@@ -3,10 +3,17 @@
 A GPU step's cost depends on which captured graph it replays, i.e. on its batch size and its uniform width K
 (1 + K tokens per request), not on a smooth function of tokens. So the step model is a table: for each batch
 bucket (upper edges :data:`BATCH_EDGES`) and each width of the engine's width set, the decayed sum of measured
-step seconds and the decayed number of steps. A cell's estimate is the measurements shrunk toward the prior
-(the preset's parametric step time at the bucket's representative batch), ``prior_steps`` steps strong; then,
-per width, the estimates are made non-decreasing in batch size (a larger batch never costs less), and the
-confidence of a cell is its decayed step count.
+step seconds and the decayed number of steps. A cell's estimate is the measurements shrunk toward the prior,
+``prior_steps`` steps strong; then, per width, the estimates are made non-decreasing in batch size (a larger
+batch never costs less), and the confidence of a cell is its decayed step count.
+
+The prior is the preset's parametric step time at the bucket's representative batch, *calibrated* by what the
+measured cells say about the preset on this machine: it is multiplied by the weighted geometric mean of
+measured / preset over the measured cells, near ones (same width, neighbouring buckets) weighing most. The
+preset alone is 25-35 % off on a real GPU; without the calibration a bucket the load has not reached yet (c = 4
+to 16, or 64 to 256) is judged on the uncalibrated preset until its own steps arrive, and the width rule picks
+from a wrong ranking for the first seconds of every load change. The calibration only rescales the prior: a
+cell's own steps still outweigh it after ``prior_steps`` steps.
 
 Only decode steps (no prompt tokens in the step) of graph-shaped engines, which report the step's width,
 enter the table: they are the steps the width rule chooses between.
@@ -28,6 +35,12 @@ BATCH_EDGES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PRIOR_STEPS = 5.0
 #: Cells whose measured seconds per step are outside these bounds are not physical step times.
 MIN_STEP_S, MAX_STEP_S = 1e-5, 60.0
+#: Weight of a measured cell of another width in the calibration of a prior (same width: 1). Widths share most
+#: of a step's cost (the weights, the KV reads); what they do not share is the draft pass and the extra tokens.
+OTHER_WIDTH_WEIGHT = 0.25
+#: Bounds of the calibration factor: a preset can be off by a few times, not by orders of magnitude; beyond these
+#: the measurements are of a different machine and the cells' own steps must speak.
+CALIBRATION_BOUNDS = (0.25, 4.0)
 
 
 def bucket_of(n: int, edges: Sequence[int] = BATCH_EDGES) -> int:
@@ -101,14 +114,36 @@ class CellTable:
         cell[0] += seconds
         cell[1] += 1.0
 
+    def calibration(self, widths: Sequence[int], cost: CostCoefficients) -> dict[tuple[int, int], float]:
+        """(bucket, width) -> factor on the preset's step time, from the measured cells (1.0 where none is)."""
+        logs = []  # (bucket, width, steps, log(measured / preset))
+        for (i, w), (s, c) in self.sums.items():
+            if c <= 0 or i >= len(self.edges):
+                continue
+            preset = prior_step_s(cost, representative_batch(i, self.edges), w)
+            if preset > 0 and math.isfinite(preset) and s > 0:
+                logs.append((i, w, c, math.log(s / c / preset)))
+        low, high = CALIBRATION_BOUNDS
+        out = {}
+        for i in range(len(self.edges)):
+            for w in widths:
+                num = den = 0.0
+                for j, v, c, lr in logs:
+                    weight = c * (1.0 if v == w else OTHER_WIDTH_WEIGHT) / (1.0 + abs(i - j)) ** 2
+                    num += weight * lr
+                    den += weight
+                out[(i, w)] = min(max(math.exp(num / den), low), high) if den > 0 else 1.0
+        return out
+
     def view(self, widths: Sequence[int], cost: CostCoefficients, prior_steps: float = PRIOR_STEPS) -> CellView:
         step_s, steps = [], []
+        factor = self.calibration(widths, cost)
         for i in range(len(self.edges)):
             n = representative_batch(i, self.edges)
             row_s, row_n = [], []
             for w in widths:
                 s, c = self.sums.get((i, w), (0.0, 0.0))
-                prior = prior_step_s(cost, n, w)
+                prior = prior_step_s(cost, n, w) * factor[(i, w)]
                 row_s.append((s + prior_steps * prior) / (c + prior_steps))
                 row_n.append(c)
             step_s.append(row_s)

@@ -39,11 +39,52 @@ def test_measurements_override_the_prior_and_count_as_confidence() -> None:
     table = CellTable()
     for _ in range(95):
         table.add(1, 4, 0.0072)
+    for _ in range(5):
+        table.add(1, 0, 0.0049)
     view = table.view(WIDTHS, H200)
     s, n = view.step_s[0][3], view.steps[0][3]
-    prior = prior_step_s(H200, 1.0, 4)
+    prior = prior_step_s(H200, 1.0, 4) * table.calibration(WIDTHS, H200)[(0, 4)]
     assert n == 95
     assert s == pytest.approx((95 * 0.0072 + PRIOR_STEPS * prior) / (95 + PRIOR_STEPS))
+    assert s == pytest.approx(0.0072, rel=0.02)  # the calibrated prior is near the cell's own measurement
+
+
+def _preset_times(factor: float, n: int, width: int) -> float:
+    return factor * prior_step_s(H200, representative_batch(bucket_of(n)), width)
+
+
+@pytest.mark.parametrize(("measured", "target", "factor"), [
+    # (batch, width) measured at `factor` x the preset; (batch, width) not measured: its prior moves the same way
+    ((16, 4), (64, 4), 1.6),  # same width, a bucket the load has not reached yet
+    ((16, 4), (16, 2), 0.7),  # another width, same bucket
+    ((64, 0), (256, 0), 2.0),
+    ((1, 7), (1, 4), 0.7),
+])
+def test_unmeasured_cells_inherit_the_calibration_of_measured_ones(measured, target, factor) -> None:
+    table = CellTable()
+    for _ in range(200):
+        table.add(measured[0], measured[1], _preset_times(factor, *measured))
+    view = table.view(WIDTHS, H200)
+    estimate = view.step_s[bucket_of(target[0])][WIDTHS.index(target[1])]
+    assert view.steps[bucket_of(target[0])][WIDTHS.index(target[1])] == 0
+    assert estimate == pytest.approx(_preset_times(factor, *target), rel=1e-6)
+
+
+def test_near_cells_weigh_more_in_the_calibration() -> None:
+    table = CellTable()
+    for _ in range(100):
+        table.add(16, 4, _preset_times(2.0, 16, 4))  # near bucket 24
+        table.add(256, 4, _preset_times(0.5, 256, 4))  # far from it
+    f = table.calibration(WIDTHS, H200)[(bucket_of(24), 4)]
+    assert 1.0 < f < 2.0
+
+
+@pytest.mark.parametrize(("factor", "bound"), [(100.0, 4.0), (0.01, 0.25)])
+def test_the_calibration_is_bounded(factor, bound) -> None:
+    table = CellTable()
+    for _ in range(100):
+        table.add(4, 2, min(_preset_times(factor, 4, 2), 59.0))
+    assert table.calibration(WIDTHS, H200)[(bucket_of(64), 1)] == pytest.approx(bound)
 
 
 def test_a_larger_batch_never_costs_less() -> None:
