@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.gpu import steady_plan as plan
 from bench.gpu.accept_plugin import DISPATCH_FILE_ENV, snapshot_counts, snapshot_meta
-from bench.gpu.shapes import OUTPUT_TOKENS, PROMPT_TOKENS, SHAPES, write_model
+from bench.gpu.shapes import PROMPT_TOKENS, SHAPES, write_model
 from bench.gpu.steady_stats import (
     Round,
     category_of,
@@ -157,28 +157,28 @@ class DispatchWatch:
 
 
 # -- the load -----------------------------------------------------------------------------------------------------
-def sampling_params() -> dict:
-    """Per category: greedy, 128 tokens, EOS ignored, no detokenizing, deltas (the new token ids of each step)."""
+def sampling_params(category: str, max_tokens: int):
+    """Greedy, ``max_tokens`` tokens, EOS ignored, no detokenizing, deltas (the new token ids of each step)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    return {
-        cat: SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA, extra_args={"specctl_category": cat})
-        for cat in ("high", "low")
-    }
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False,
+                          output_kind=RequestOutputKind.DELTA, extra_args={"specctl_category": category})
 
 
 class SteadyLoad:
     """Exactly c requests in flight; each finished one is replaced by the next prompt of the point."""
 
-    def __init__(self, llm, vocab: int, seed: int, params: dict | None = None, prompt_type=None) -> None:
+    def __init__(self, llm, vocab: int, seed: int, workload: plan.Workload | None = None,
+                 params=sampling_params, prompt_type=None) -> None:
         import numpy as np
 
         self.np = np
         self.llm = llm
         self.vocab = vocab
         self.seed = seed
-        self.params = params if params is not None else sampling_params()
+        self.workload = workload or plan.WORKLOADS[plan.DEFAULT_WORKLOAD]
+        self._params_of = params
+        self._params: dict[tuple[str, int], object] = {}
         if prompt_type is None:
             from vllm.inputs import TokensPrompt as prompt_type
         self.prompt_type = prompt_type
@@ -187,6 +187,7 @@ class SteadyLoad:
         self.generation: list[int] = []
         self.point: plan.Point | None = None
         self.rng = None
+        self.lengths = None  # the output lengths' own stream: prompts stay those of the fixed workload
         self.steps = 0
         self.tokens: dict[str, int] = {}
 
@@ -198,6 +199,7 @@ class SteadyLoad:
         self.point = point
         profile_index = plan.STEADY_PROFILES.index(point.profile)
         self.rng = self.np.random.default_rng([self.seed, point.concurrency, profile_index])
+        self.lengths = self.np.random.default_rng([self.seed, point.concurrency, profile_index, 1])
         self.generation = [0] * point.concurrency
         self.reset_counts()
         for slot in range(point.concurrency):
@@ -210,8 +212,17 @@ class SteadyLoad:
         request_id = f"{cat}-{self.next_id}"
         self.next_id += 1
         prompt = self.rng.integers(16, self.vocab - 16, size=PROMPT_TOKENS).tolist()
-        self.llm.add_request(request_id, self.prompt_type(prompt_token_ids=prompt), self.params[cat])
+        self.llm.add_request(request_id, self.prompt_type(prompt_token_ids=prompt), self.params(cat))
         self.active[request_id] = slot
+
+    def params(self, category: str):
+        w = self.workload
+        n = w.output_min if w.output_min == w.output_max else int(self.lengths.integers(w.output_min,
+                                                                                        w.output_max + 1))
+        key = (category, n)
+        if key not in self._params:
+            self._params[key] = self._params_of(category, n)
+        return self._params[key]
 
     def reset_counts(self) -> None:
         self.tokens = {cat: 0 for cat in (self.point.categories if self.point else ())}
@@ -333,6 +344,7 @@ def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args
         "profile": point.profile,
         "concurrency": point.concurrency,
         "pins": dict(point.pins),
+        "workload": load.workload.name,
         "warmup_s": warm_s,
         "round_s": args.round_s,
         "rounds": rounds,
@@ -352,7 +364,7 @@ def append(paths: list[Path], row: dict) -> None:
 
 def run_points(llm, engine: plan.SteadyEngine, points: list[plan.Point], meta: dict, args: argparse.Namespace) -> None:
     timing = plan.Timing(round_s=args.round_s, rounds=args.rounds)
-    load = SteadyLoad(llm, SHAPES[args.shape]["target"].vocab_size, args.seed)
+    load = SteadyLoad(llm, SHAPES[args.shape]["target"].vocab_size, args.seed, plan.WORKLOADS[args.workload])
     watch = DispatchWatch(os.environ.get(DISPATCH_FILE_ENV))
     if engine.specctl:
         clear_pins(("high", "low"))  # a pinned engine before this one may have left overrides
@@ -394,6 +406,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="vLLM's synthetic rejection sampler (auto: on a CUDA device; it does not run on a CPU)")
     p.add_argument("--eager", action="store_true", help="no torch.compile / CUDA graphs (CPU smoke tests)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", default=plan.DEFAULT_WORKLOAD, choices=sorted(plan.WORKLOADS))
     args = p.parse_args(argv)
     if args.synthetic == "auto":
         import torch

@@ -31,7 +31,37 @@ PREMISE_KS = (0, 2, 4, 7)
 PREMISE_CONCURRENCY = (1, 64)
 PREMISE_PROFILE = "high"
 MAX_NUM_SEQS = 256
-MAX_MODEL_LEN = PROMPT_TOKENS + OUTPUT_TOKENS + 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """The requests' output lengths: drawn uniformly from [output_min, output_max] by a seeded stream of their
+    own, so the n-th request of a point has the same prompt and the same length in every engine."""
+
+    name: str
+    output_min: int
+    output_max: int
+
+    @property
+    def mean_output(self) -> float:
+        return (self.output_min + self.output_max) / 2
+
+
+#: ``fixed``: every request 128 tokens (the first session's rows). With one length, the requests of an engine
+#: that commits one token per step (plain decoding) finish in lock-step and their prompts arrive in bursts that
+#: fill a few steps; a speculative engine's requests drift apart (acceptance is random) until nearly every step
+#: carries one prompt and runs off the full graphs. The point's state then depends on the time since its start,
+#: not on the engine alone (H200, K=4 at c=64: rounds 9619, 9063, 8857 tok/s one after the other).
+#: ``spread`` (the default): lengths 32-224, mean 128 - every engine's arrivals are spread from the first
+#: seconds, as a server's are.
+WORKLOADS = {
+    "fixed": Workload(name="fixed", output_min=OUTPUT_TOKENS, output_max=OUTPUT_TOKENS),
+    "spread": Workload(name="spread", output_min=32, output_max=224),
+}
+DEFAULT_WORKLOAD = "spread"
+#: Rows written before the workload was recorded ran the fixed one.
+UNRECORDED_WORKLOAD = "fixed"
+MAX_MODEL_LEN = PROMPT_TOKENS + max(w.output_max for w in WORKLOADS.values()) + 64
 #: Seconds assumed for an engine start before one was measured (8B dummy weights, torch.compile, CUDA graphs).
 STARTUP_GUESS_S = 170.0
 #: Added to the slowest start seen: the child's imports and the model files.
@@ -94,12 +124,13 @@ PREMISE_ENGINE = SteadyEngine(name=PREMISE, k=SPECCTL_K_MAX, specctl=True, pinne
 class Timing:
     round_s: float = 5.0
     rounds: int = 3
-    #: static engines: warm-up of each point
-    warmup_s: float = 3.0
+    #: static engines: warm-up of each point (as long as specctl's relearning: every engine is measured the same
+    #: time after its point started)
+    warmup_s: float = 8.0
     #: specctl: the learning period of the engine's first point (the controller starts with no evidence) ...
     learn_s: float = 10.0
     #: ... and of every later point
-    relearn_s: float = 6.0
+    relearn_s: float = 8.0
     #: pinned specctl engines: time for the overrides to reach the engine and the load to settle
     pin_warmup_s: float = 4.0
 
@@ -244,6 +275,25 @@ def engine_kwargs(engine: SteadyEngine, target_dir: Path, draft_dir: Path, *, me
 
 
 # -- results ------------------------------------------------------------------------------------------------------
+def workload_of(row: dict) -> str:
+    return str(row.get("workload") or UNRECORDED_WORKLOAD)
+
+
+def workloads_in(path: Path) -> set[str]:
+    """The workloads of the point rows already in a results file (one file holds one workload)."""
+    if not path.exists():
+        return set()
+    found = set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("kind") == "row":
+            found.add(workload_of(row))
+    return found
+
+
 def load_results(path: Path) -> tuple[dict[tuple[str, str, int], dict], dict[str, dict]]:
     """(point rows keyed by (engine, profile, concurrency), engine-failure rows by engine); later rows replace
     earlier ones (a re-measurement)."""

@@ -53,9 +53,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--round-s", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--warmup-s", type=float, default=3.0, help="static engines: warm-up of each point")
-    p.add_argument("--learn-s", type=float, default=10.0, help="specctl: learning period of its first point")
-    p.add_argument("--relearn-s", type=float, default=10.0, help="specctl: learning period of every later point")
+    p.add_argument("--workload", default=plan.DEFAULT_WORKLOAD, choices=sorted(plan.WORKLOADS),
+                   help="requests' output lengths (steady_plan.WORKLOADS); one results file holds one workload")
+    p.add_argument("--warmup-s", type=float, default=plan.Timing.warmup_s, help="static engines: warm-up of each point")
+    p.add_argument("--learn-s", type=float, default=plan.Timing.learn_s,
+                   help="specctl: learning period of its first point")
+    p.add_argument("--relearn-s", type=float, default=plan.Timing.relearn_s,
+                   help="specctl: learning period of every later point")
     p.add_argument("--pin-warmup-s", type=float, default=4.0, help="oracle/premise: warm-up after pinning")
     p.add_argument("--oracle", action="store_true", help="after the other engines: the mixed-profile oracle rows")
     p.add_argument("--premise", action="store_true", help="only the premise check (specctl pinned at K=0,2,4,7)")
@@ -136,7 +140,8 @@ def run_child(engine: plan.SteadyEngine, points: list[plan.Point], args: argpars
     cmd = [sys.executable, "-m", "bench.gpu.steady", "--engine", engine.to_json(),
            "--points", json.dumps([asdict(p) for p in points]), "--shape", args.shape,
            "--models-dir", str(args.state_dir / "models"), "--deadline", str(deadline),
-           "--round-s", str(args.round_s), "--rounds", str(args.rounds), "--draft-method", args.draft_method]
+           "--round-s", str(args.round_s), "--rounds", str(args.rounds), "--draft-method", args.draft_method,
+           "--workload", args.workload]
     for out in outs:
         cmd += ["--out", str(out)]
     if args.eager:
@@ -186,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     t_end = time.time() + args.budget_s
     timing = timing_of(args)
     args.state_dir.mkdir(parents=True, exist_ok=True)
+    other = plan.workloads_in(args.results) - {args.workload}
+    if other:
+        print(f"{args.results} holds rows of the {', '.join(sorted(other))} workload; --workload {args.workload} "
+              "needs a results file of its own", file=sys.stderr)
+        return 2
     rows, _ = plan.load_results(args.results)
     full = sweep_plan(args, rows)
     left = [(e, plan.pending(pts, set(rows))) for e, pts in full]

@@ -124,7 +124,7 @@ def test_engine_kwargs_eagle3_synthetic_at_the_high_rates(tmp_path):
     assert spec["rejection_sample_method"] == "synthetic"
     assert spec["synthetic_acceptance_rates"] == pytest.approx([0.85 ** (i + 1) for i in range(7)], abs=1e-6)
     assert kw["scheduler_cls"] == plan.SPECCTL_SCHEDULER
-    assert (kw["max_num_seqs"], kw["max_model_len"], kw["disable_log_stats"]) == (256, 448, False)
+    assert (kw["max_num_seqs"], kw["max_model_len"], kw["disable_log_stats"]) == (256, 256 + 224 + 64, False)
     assert "async_scheduling" not in kw and "compilation_config" not in kw  # vLLM's defaults
     table = plan.engine_kwargs(by_name["ktable"], tmp_path, tmp_path)["speculative_config"]
     assert table["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 2], [65, 256, 0]]

@@ -205,13 +205,53 @@ class FakeEngine:
     def step(self):
         outs = []
         for rid, state in list(self.live.items()):
-            n = min(self.per_step[rid.split("-")[0]], 128 - state[0])
+            length = state[1][1]  # params are (category, max_tokens)
+            n = min(self.per_step[rid.split("-")[0]], length - state[0])
             state[0] += n
-            done = state[0] >= 128
+            done = state[0] >= length
             outs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(token_ids=[7] * n)]))
             if done:
                 del self.live[rid]
         return outs
+
+
+def PARAMS(category, max_tokens):
+    return (category, max_tokens)
+
+
+def _fixed():
+    from bench.gpu.steady_plan import WORKLOADS
+
+    return WORKLOADS["fixed"]
+
+
+FIXED = _fixed()
+
+
+def test_spread_workload_draws_the_same_lengths_for_every_engine_and_keeps_the_prompts():
+    from bench.gpu.steady import SteadyLoad
+    from bench.gpu.steady_plan import WORKLOADS, Point
+
+    spread = WORKLOADS["spread"]
+    point = Point(label="k4", profile="high", concurrency=8, warmup_s=0)
+    runs = []
+    for per_step, workload in ((1, spread), (3, spread), (1, FIXED)):  # two engines of different speeds, and fixed
+        engine = FakeEngine({"high": per_step, "low": per_step})
+        lengths = []
+        load = SteadyLoad(engine, vocab=1000, seed=0, workload=workload, prompt_type=dict,
+                          params=lambda cat, n, seen=lengths: seen.append(n) or (cat, n))
+        load.begin(point)
+        for _ in range(3000):
+            load.step()
+        runs.append((engine.prompts, lengths))
+    (p1, l1), (p3, l3), (pf, _lf) = runs
+    k = min(len(l1), len(l3))
+    assert k > 50
+    # the n-th request has the same length (and the same prompt) whatever the engine's speed
+    assert l1[:k] == l3[:k]
+    assert p1[:k] == p3[:k] == pf[:k]  # prompts do not depend on the workload either
+    assert all(spread.output_min <= n <= spread.output_max for n in l1)
+    assert len(set(l1)) > 20 and abs(sum(l1) / len(l1) - spread.mean_output) < 15
 
 
 def test_steady_load_keeps_c_in_flight_counts_per_category_and_switches_points():
@@ -219,7 +259,8 @@ def test_steady_load_keeps_c_in_flight_counts_per_category_and_switches_points()
     from bench.gpu.steady_plan import Point
 
     engine = FakeEngine({"high": 4, "low": 2})  # both divide 128: every step commits the same
-    load = SteadyLoad(engine, vocab=1000, seed=0, params={"high": "H", "low": "L"}, prompt_type=dict)
+    load = SteadyLoad(engine, vocab=1000, seed=0, workload=FIXED, params=PARAMS,
+                      prompt_type=dict)
     load.begin(Point(label="k4", profile="mixed", concurrency=4, warmup_s=0))
     for _ in range(200):
         load.step()
@@ -234,8 +275,8 @@ def test_steady_load_keeps_c_in_flight_counts_per_category_and_switches_points()
     assert all(rid.startswith("low-") for rid in engine.live)
     assert load.tokens == {"low": 0}
     # the same point always starts from the same prompts (every engine sees the same prompt set)
-    again = SteadyLoad(FakeEngine({"high": 1, "low": 1}), vocab=1000, seed=0, params={"high": "H", "low": "L"},
-                       prompt_type=dict)
+    again = SteadyLoad(FakeEngine({"high": 1, "low": 1}), vocab=1000, seed=0, workload=FIXED,
+                       params=PARAMS, prompt_type=dict)
     again.begin(Point(label="plain", profile="mixed", concurrency=4, warmup_s=0))
     assert again.llm.prompts == first_prompts
 
@@ -266,7 +307,8 @@ def test_timed_rounds_start_and_end_on_snapshots_and_chain(tmp_path):
 
     path = tmp_path / "d.json"
     engine = SnapshotEngine(path)
-    load = SteadyLoad(engine, vocab=1000, seed=0, params={"high": "H", "low": "L"}, prompt_type=dict)
+    load = SteadyLoad(engine, vocab=1000, seed=0, workload=FIXED, params=PARAMS,
+                      prompt_type=dict)
     load.begin(Point(label="k4", profile="high", concurrency=2, warmup_s=0))
     watch = DispatchWatch(str(path))
     first, fresh = timed_round(engine, load, watch, round_s=0.02)

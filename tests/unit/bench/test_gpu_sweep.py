@@ -62,7 +62,7 @@ def test_default_plan_only_premise_and_oracle():
 
 def test_timing_follows_the_options():
     t = timing_of(parse(["--results", "r", "--round-s", "7", "--rounds", "4", "--learn-s", "12"]))
-    assert (t.round_s, t.rounds, t.learn_s, t.relearn_s, t.warmup_s) == (7, 4, 12, 10, 3)
+    assert (t.round_s, t.rounds, t.learn_s, t.relearn_s, t.warmup_s) == (7, 4, 12, 8, 8)
 
 
 @pytest.mark.parametrize("allow_partial, budget_s, expected", [(False, 10_000, True), (False, 200, False),
@@ -86,3 +86,23 @@ def test_error_row_keeps_the_cause(tmp_path):
 def _write(path, row):
     path.write_text(json.dumps(row) + "\n")
     return path
+
+
+@pytest.mark.parametrize(("existing", "asked", "refused"), [
+    ({"kind": "row", "engine": "k4", "profile": "high", "concurrency": 1}, "spread", True),  # no field: fixed
+    ({"kind": "row", "engine": "k4", "profile": "high", "concurrency": 1, "workload": "fixed"}, "fixed", False),
+    ({"kind": "row", "engine": "k4", "profile": "high", "concurrency": 1, "workload": "spread"}, "fixed", True),
+    ({"kind": "engine_error", "engine": "ktable"}, "spread", False),  # failure rows carry no workload
+])
+def test_a_results_file_holds_one_workload(tmp_path, capsys, existing, asked, refused):
+    from bench.gpu.sweep import main
+
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps(existing) + "\n")
+    # a zero budget: a call that is not refused plans and then starts nothing
+    rc = main(["--results", str(results), "--state-dir", str(tmp_path / "s"), "--budget-s", "0",
+               "--workload", asked, "--only", "k4"])
+    if refused:
+        assert rc == 2 and "needs a results file of its own" in capsys.readouterr().err
+    else:
+        assert "needs a results file of its own" not in capsys.readouterr().err
