@@ -11,11 +11,17 @@ fix two per-request-step figures:
     E_c = committed tokens per request step,     D_c = draft tokens verified per request step
 
 Then the request steps are ``R_c = C_c / E_c``, the engine steps ``S = sum_c R_c / B``, and one mean step
-schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens, ``F = sum_{c on a model-free drafter} R_c D_c / S``
-model-free draft tokens and (model-based drafter) the depth ``d = max k_c``. With the step-cost model ``T``
-(:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset)
+schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens and ``F = sum_{c on a model-free drafter} R_c D_c / S``
+model-free draft tokens (:func:`step_load`). The goodput is the policy's own closed-loop batch model
+(:class:`controller.core.model.batch.BatchModel`): category c holds ``n_c = B R_c / sum R`` of the slots,
+prefill rides along at ``P / sum C`` tokens per committed token, the model-drafting depth of a step is
+distributed as the policy assumes (``P(d <= x) = (share of requests at depth <= x) ** B``), and ``T`` is the
+step-cost model (:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset):
 
-    goodput = sum_c C_c / (S * T(B, N, d, F))          per category: E_c / T  (tokens/s of one request)
+    goodput = sum_c C_c / (S * E[T(B, N, d, F)])          per category: E_c / E[T]  (tokens/s of one request)
+
+so a row of ``specctl replay`` is what the policy itself would have predicted for it; the hindsight oracle
+is the policy's search (:mod:`controller.core.model.search`) over the same model.
 
 Where ``E`` and ``D`` come from:
   * request token traces (exact for model-free drafters): the speculative loop is re-run on each
@@ -35,7 +41,6 @@ starting k stands for its requests); probing is ignored.
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +50,8 @@ import numpy as np
 from controller.core import ema_tiers
 from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_kind, step_shape
 from controller.core.estimator import AcceptanceEstimator
+from controller.core.model.batch import BatchModel, Options, Prefill
+from controller.core.model.search import search
 from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
 #: A drafter: (context tokens, k) -> up to k proposed tokens.
@@ -288,18 +295,17 @@ def merge_profiles(primary: Mapping[str, Mapping[tuple[str, int], Profile]],
 # --- the estimate ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepLoad:
-    """The mean engine step of the recorded work under one choice."""
+    """The mean engine step of the recorded work under one choice (the work's accounting, e.g. to fit a cost)."""
 
     steps: float  # S: engine steps for the whole work
     batch_size: float  # B
     tokens: float  # N: scheduled tokens per step
     free: float  # F: model-free draft tokens per step
-    depth: int  # d: model-based drafting depth
     request_steps: Mapping[str, float]  # R_c
 
 
 def step_load(work: Workload, choice: Mapping[str, Profile], batch_size: float | None = None) -> StepLoad:
-    """S, N, F, d of the work model (see the module docstring); categories missing from ``choice`` are off."""
+    """S, N, F of the work model (see the module docstring); categories missing from ``choice`` are off."""
     b = float(batch_size or work.batch_size or 1.0)
     cats = [c for c, v in work.committed.items() if v > 0]
     prof = [choice.get(c, OFF) for c in cats]
@@ -307,8 +313,25 @@ def step_load(work: Workload, choice: Mapping[str, Profile], batch_size: float |
     steps = max(sum(r.values()) / b, 1e-12)
     n_tok = (work.prefill_tokens + sum(r[c] * (1.0 + p.d) for c, p in zip(cats, prof))) / steps
     free = sum(r[c] * p.d for c, p in zip(cats, prof) if is_model_free(p.method)) / steps
-    depth = max((p.k for p in prof if p.k > 0 and not is_model_free(p.method)), default=0)
-    return StepLoad(steps, b, n_tok, free, depth, r)
+    return StepLoad(steps, b, n_tok, free, r)
+
+
+def _option_rows(profiles: Sequence[Profile]) -> Options:
+    return Options.of([(p.k, max(p.e, 1e-9), p.d, is_model_free(p.method), p.method) for p in profiles])
+
+
+def batch_model(work: Workload, options: Mapping[str, Sequence[Profile]], cost: CostCoefficients,
+                batch_size: float | None = None) -> BatchModel:
+    """The recorded work as the policy's batch model: category c holds slots in proportion to C_c / E_c, prefill
+    rides along at P / sum C tokens per committed token; ``options[c]`` the profiles a search may pick from."""
+    b = float(batch_size or work.batch_size or 1.0)
+    cats = [c for c in work.categories if work.committed[c] > 0]
+    total = sum(work.committed[c] for c in cats)
+    opts = [_option_rows(options[c]) for c in cats]
+    k_max = max((int(o.k.max()) for o in opts), default=0)
+    return BatchModel(cats, [b * work.committed[c] / total for c in cats], opts, [True] * len(cats),
+                      Prefill.steady(rate=work.prefill_tokens / total), cost, k_max,
+                      demand=[work.committed[c] for c in cats])
 
 
 def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficients,
@@ -316,10 +339,9 @@ def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficien
     """Goodput of the recorded work with each category at ``choice[c]`` (missing categories: off)."""
     if not any(v > 0 for v in work.committed.values()):
         return Estimate(0.0, 0.0, {})
-    load = step_load(work, choice, batch_size)
-    t = cost.step_time(load.batch_size, load.tokens, load.depth, load.free)
-    good = sum(work.committed.values()) / (load.steps * t)
-    return Estimate(good, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in load.request_steps})
+    model = batch_model(work, {c: [choice.get(c, OFF)] for c in work.categories}, cost, batch_size)
+    g, t = model.goodput(np.zeros(len(model.names), dtype=int))
+    return Estimate(g, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in model.names})
 
 
 def profile_for(profiles: Mapping[str, Mapping[tuple[str, int], Profile]], category: str, method: str,
@@ -345,30 +367,21 @@ def options(profiles: Mapping[tuple[str, int], Profile]) -> list[Profile]:
 
 def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], cost: CostCoefficients,
                 batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = ()) -> dict[str, Profile]:
-    """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch.
+    """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch, found
+    by the policy's own search (:mod:`controller.core.model.search`), also restarted from ``starts`` (e.g. every
+    uniform k)."""
+    if not any(v > 0 for v in work.committed.values()):
+        return {c: OFF for c in work.categories}
+    opts = {c: options(profiles.get(c, {})) for c in work.categories}
+    model = batch_model(work, opts, cost, batch_size)
+    points = [np.array([_position(opts[c], s.get(c, OFF)) for c in model.names]) for s in starts]
+    cfg = search(model, int(model.levels[-1]), None, points)
+    best = {c: opts[c][int(j)] for c, j in zip(model.names, cfg)}
+    return {c: best.get(c, OFF) for c in work.categories}
 
-    Coordinate ascent over categories (the batch couples them through the step time), restarted from all
-    off, from ``starts`` (e.g. every uniform k), keeping the best end point.
-    """
-    cats = list(work.categories)
-    opts = {c: options(profiles.get(c, {})) for c in cats}
-    best, best_g = None, -1.0
-    for start in itertools.chain([{c: OFF for c in cats}], starts):
-        cur = {c: start.get(c, OFF) for c in cats}
-        g = estimate(work, cur, cost, batch_size).goodput
-        for _ in range(50):
-            moved = False
-            for c in cats:
-                for p in opts[c]:
-                    trial = {**cur, c: p}
-                    gt = estimate(work, trial, cost, batch_size).goodput
-                    if gt > g * (1 + 1e-12):
-                        cur, g, moved = trial, gt, True
-            if not moved:
-                break
-        if g > best_g:
-            best, best_g = cur, g
-    return best or {}
+
+def _position(opts: Sequence[Profile], p: Profile) -> int:
+    return next((i for i, q in enumerate(opts) if (q.method, q.k) == (p.method, p.k) or (q.k == 0 and p.k == 0)), 0)
 
 
 # --- SGLang-style EMA tiers over the recorded steps --------------------------------------------------------------

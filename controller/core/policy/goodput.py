@@ -28,14 +28,12 @@ grows with goodput: extra = rho * sum_c n_c E_c(k_c) with rho the observed prefi
 token, and the expectation runs over the observed step-to-step spread of prefill (the cost bends at the
 knee). Plain decoding is every k_c = 0.
 
-Search. Each category's options are off and every k in 1..k_max for every drafter the engine can run
-with enough evidence. Batched coordinate ascent: every category's best option given the others is found
-in one vectorised evaluation; all improving moves are tried together and kept if that beats the best
-single move, else the best single move is made (so goodput rises at every iteration). Restarts: every
-category at its deepest option under a model-drafter depth cap x for x in {k_max, k_max/2, 2, 1, 0} (one
-category alone may not pay for a drafting pass that several together would), all off, and the previous
-decision; the best end point wins. "All off" is a start, so the result is never below plain decoding
-under the model (except for a category being measured on the engine's drafter, see min evidence).
+Where it lives. The batch goodput G (slots, prefill, depth distribution, depth factors, mixed-k penalty, floor)
+is :class:`controller.core.model.batch.BatchModel`, and the search (batched coordinate ascent with depth-cap
+restarts, all off and the previous decision) is :func:`controller.core.model.search.search`: the same model and
+search price ``specctl replay``'s rows and rank the simulator's oracle candidates. :func:`score` prices one
+configuration of a snapshot. This module builds the options per category (off and every k in 1..k_max for every
+drafter the engine can run with enough evidence) and applies the guardrails.
 
 Guardrails, applied on top:
   * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen. A
@@ -66,13 +64,15 @@ Cost: O(restarts x iterations x categories x options x k_max) in numpy, about 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
 from controller.core.config import PolicySettings
-from controller.core.cost import CostCoefficients, is_model_free
+from controller.core.cost import is_model_free
 from controller.core.estimator import expected_committed
+from controller.core.model.batch import BatchModel, Options, Prefill
+from controller.core.model.search import search
 from controller.core.policy.types import (
     CategoryDecision,
     CategoryInput,
@@ -87,36 +87,7 @@ from controller.protocol import METHOD_OFF
 #: Requests per step assumed for a category absent from the current mix: its decision is then the
 #: marginal one (what one such request would gain in this batch).
 MIN_SHARE = 1e-3
-_MAX_ITERS = 200
-#: Exponent of the floor penalty: a configuration that leaves a category at r < floor of its plain-decoding
-#: goodput counts (r / floor) ** this of its batch goodput (1 % short costs a third: the search moves off it).
-_FLOOR_PENALTY = 40.0
-
-
-@dataclass(frozen=True)
-class _Options:
-    """One category's options as arrays (index 0 is 'off', except while measuring the engine's drafter)."""
-
-    k: np.ndarray
-    e: np.ndarray
-    model: np.ndarray
-    free: np.ndarray
-    methods: tuple[str, ...]
-    drafted: np.ndarray | None = None  # draft tokens per request step (k times the match rate; None: k)
-
-    @property
-    def d(self) -> np.ndarray:
-        return self.k if self.drafted is None else self.drafted
-
-    def tail(self) -> _Options:
-        """Every option but the first ('off')."""
-        return _Options(self.k[1:], self.e[1:], self.model[1:], self.free[1:], self.methods[1:], self.d[1:])
-
-    def __len__(self) -> int:
-        return len(self.k)
-
-
-def _options(profiles: list[MethodProfile], k_max: int) -> _Options:
+def _options(profiles: list[MethodProfile], k_max: int) -> Options:
     ks, es, model, free, methods = [np.zeros(1)], [np.ones(1)], [np.zeros(1, bool)], [np.zeros(1, bool)], [METHOD_OFF]
     drafted = [np.zeros(1)]
     for p in profiles:
@@ -131,7 +102,7 @@ def _options(profiles: list[MethodProfile], k_max: int) -> _Options:
         model.append(np.full(kk, not p.model_free))
         free.append(np.full(kk, p.model_free))
         methods.extend([p.method] * kk)
-    return _Options(np.concatenate(ks), np.concatenate(es), np.concatenate(model), np.concatenate(free),
+    return Options(np.concatenate(ks), np.concatenate(es), np.concatenate(model), np.concatenate(free),
                     tuple(methods), np.concatenate(drafted))
 
 
@@ -142,219 +113,21 @@ def _match(p: MethodProfile | None) -> float:
     return min(max(p.match_rate, 0.0), 1.0)
 
 
-def _fixed_option(choice: Choice, profile: MethodProfile | None) -> _Options:
+def _fixed_option(choice: Choice, profile: MethodProfile | None) -> Options:
     """A category pinned at ``choice``: E from its own posterior, else the pool's, else 0.5 per position."""
     k = choice.k
     if k == 0:
-        return _Options(np.zeros(1), np.ones(1), np.zeros(1, bool), np.zeros(1, bool), (METHOD_OFF,))
+        return Options(np.zeros(1), np.ones(1), np.zeros(1, bool), np.zeros(1, bool), (METHOD_OFF,))
     betas = tuple(profile.betas) if profile is not None else ()
     betas = (betas + (betas[-1] if betas else 0.5,) * k)[:k]
     free = profile.model_free if profile is not None else is_model_free(choice.method)
     m = _match(profile)
-    return _Options(np.array([float(k)]), np.array([1.0 + m * (expected_committed(betas)[-1] - 1.0)]),
+    return Options(np.array([float(k)]), np.array([1.0 + m * (expected_committed(betas)[-1] - 1.0)]),
                     np.array([not free]), np.array([free]), (choice.method,), np.array([m * k]))
 
 
-class _Problem:
-    """Padded option arrays for U categories x O options; a configuration is one option index per row."""
-
-    def __init__(self, names: list[str], shares: list[float], options: list[_Options], movable: list[bool],
-                 extra: _Prefill, cost: CostCoefficients, k_max: int, demand: list[float] | None = None,
-                 depth_factor: np.ndarray | None = None, mixed_penalty: float = 1.0, floor: float = 0.0,
-                 protected: list[bool] | None = None) -> None:
-        self.names = names
-        self.options = options
-        u, o = len(options), max(len(x) for x in options)
-        self.levels = np.arange(max(k_max, 1) + 1, dtype=float)
-        self.valid = np.zeros((u, o), dtype=bool)
-        self.e = np.ones((u, o))
-        self.k = np.zeros((u, o))
-        self.d = np.zeros((u, o))  # draft tokens per request step (k times the drafter's match rate)
-        self.free_k = np.zeros((u, o))
-        self.model_k = np.zeros((u, o))
-        for i, op in enumerate(options):
-            n = len(op)
-            self.valid[i, :n] = True
-            self.e[i, :n], self.k[i, :n], self.d[i, :n] = op.e, op.k, op.d
-            self.free_k[i, :n] = np.where(op.free, op.d, 0.0)
-            self.model_k[i, :n] = np.where(op.model, op.k, 0.0)
-        self.at_or_below = (self.levels[None, None, :] >= self.model_k[:, :, None]).astype(float)
-        self.share = np.array(shares, dtype=float)
-        self.n = float(self.share.sum())
-        self.movable = np.array(movable, dtype=bool)
-        # committed tokens per step each category asks for; a finished request is replaced by one of the
-        # same mix, so a category that decodes faster holds fewer slots: n_c = n * (w_c / E_c) / sum(w / E)
-        w = np.array(demand if demand is not None else shares, dtype=float)
-        self.w = np.where(w > 0, w, self.share)
-        self.prefill = extra
-        c, n = cost, self.n
-        self.cost = cost
-        self.consts = (c.base + c.per_request * n, c.per_token, c.per_token_above_knee, c.knee,
-                       c.draft_fixed + c.draft_fixed_per_request * n, c.draft_pass + c.draft_pass_per_request * n,
-                       c.free_draft_token)
-        self.depth_factor = _depth_factor(depth_factor, len(self.levels))
-        self.mixed_penalty = max(1.0, float(mixed_penalty))
-        self.rows = np.arange(u)
-        # per option, the terms each category adds to the sums below (w / E weighs by slots held)
-        self.slot = np.where(self.valid, self.w[:, None] / self.e, 0.0)
-        self.slot_tok = self.slot * (1.0 + self.d)
-        self.slot_free = self.slot * self.free_k
-        self.slot_aob = self.slot[:, :, None] * self.at_or_below
-        # per-category floor: each protected category's goodput per request, E_c / T, at least ``floor`` times
-        # plain decoding's 1 / T_plain
-        self.protected = np.array(protected if protected is not None else [False] * u, dtype=bool)
-        self.floor = float(floor) if self.protected.any() else 0.0
-        self.t_plain = float(self.time(self.n, self.n, 0.0, np.ones(len(self.levels))))
-
-    def own_ratios(self, e, d, free, t, tok, free_tot):
-        """Each category's goodput per request over plain decoding's, E_c * T_plain / T_c, where T_c is the
-        step time a request of c sees: the mean step ``t`` (with ``tok`` verified and ``free_tot`` model-free
-        draft tokens) with one average request swapped for c's own (``d`` drafts, ``free`` of them model-free).
-        At batch 1 that is c's own step, at large batches the mix's. Trailing axis: categories."""
-        per_token, free_cost = self.consts[1], self.consts[6]
-        n = max(self.n, 1.0)
-        t = np.asarray(t)[..., None]
-        t_c = t + per_token * ((1.0 + d) - np.asarray(tok)[..., None] / n) + free_cost * (free - np.asarray(free_tot)[..., None] / n)
-        return e * self.t_plain / np.maximum(t_c, 1e-12)
-
-    def _floor_factor(self, r):
-        """Penalty on goodput for the worst protected category's ratio ``r`` to plain decoding (1 when it holds)."""
-        r_min = np.where(self.protected, r, np.inf).min(axis=-1)
-        return np.where(r_min >= self.floor, 1.0, np.clip(r_min / self.floor, 0.0, 1.0) ** _FLOOR_PENALTY)
-
-    def ratios_at(self, cfg: np.ndarray) -> np.ndarray:
-        """Every category's modelled goodput per request over plain decoding's at ``cfg``."""
-        num, tok, free, le = self.totals(cfg)
-        t = float(self.time(tok, num, free, le))
-        r = self.rows
-        return self.own_ratios(self.e[r, cfg], self.d[r, cfg], self.free_k[r, cfg], t, tok, free)
-
-    # -- evaluation -------------------------------------------------------------------------------------------
-    def time(self, tok, num, free, le):
-        """Expected step time for ``tok`` decode + draft tokens committing ``num`` tokens per step.
-
-        Prefill rides along: fixed + rate * num tokens per step (finished requests are replaced, so prefill
-        grows with goodput), spread over steps as observed; ``le`` (..., K+1) = share of requests at model
-        depth <= d.
-        """
-        fixed, per_token, above_rate, knee, on_cost, pass_cost, free_cost = self.consts
-        pre = self.prefill.fixed + self.prefill.rate * np.asarray(num)
-        t = fixed + per_token * (tok + pre) + free_cost * free
-        if above_rate:
-            over = np.maximum(np.asarray(tok)[..., None] + pre[..., None] * self.prefill.rel - knee, 0.0)
-            t = t + above_rate * (over @ self.prefill.w)
-        below = np.clip(le, 0.0, 1.0) ** self.n
-        if self.depth_factor is None:
-            t = t + on_cost * (1.0 - below[..., 0]) + pass_cost * ((below.shape[-1] - 1) - below[..., :-1].sum(-1))
-        else:  # E over the step's depth d of factor(d) * (t + drafting cost at d)
-            p_depth = np.diff(below, axis=-1, prepend=0.0)
-            at_depth = np.asarray(t)[..., None] + on_cost * (self.levels > 0) + pass_cost * self.levels
-            t = (p_depth * self.depth_factor * at_depth).sum(-1)
-        if self.mixed_penalty > 1.0:  # a step is uniform when all its n requests draft the same k
-            at_k = np.clip(np.diff(np.clip(le, 0.0, 1.0), axis=-1, prepend=0.0), 0.0, 1.0)
-            uniform = np.clip((at_k ** self.n).sum(-1), 0.0, 1.0)
-            t = t * (uniform + (1.0 - uniform) * self.mixed_penalty)
-        return t
-
-    def _sums(self, cfg: np.ndarray):
-        r = self.rows
-        return (float(self.slot[r, cfg].sum()), float(self.slot_tok[r, cfg].sum()),
-                float(self.slot_free[r, cfg].sum()), self.slot_aob[r, cfg].sum(axis=0))
-
-    def shares_at(self, cfg: np.ndarray) -> np.ndarray:
-        """Requests per step of each category when every category runs its option in ``cfg``."""
-        slots = self.slot[self.rows, cfg]
-        return self.n * slots / slots.sum()
-
-    def totals(self, cfg: np.ndarray):
-        d, st, sf, sv = self._sums(cfg)
-        return self.n * float(self.w.sum()) / d, self.n * st / d, self.n * sf / d, sv / d
-
-    def goodput(self, cfg: np.ndarray) -> tuple[float, float]:
-        """Batch goodput of ``cfg`` (discounted where it breaks the category floor) and its step time."""
-        num, tok, free, le = self.totals(cfg)
-        t = float(self.time(tok, num, free, le))
-        g = num / t
-        if self.floor > 0:
-            r = self.rows
-            g *= float(self._floor_factor(self.own_ratios(self.e[r, cfg], self.d[r, cfg], self.free_k[r, cfg], t, tok,
-                                                          free)))
-        return g, t
-
-    def all_options(self, cfg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Goodput and step time for every (category, option), the other categories at ``cfg``."""
-        r = self.rows
-        d, st, sf, sv = self._sums(cfg)
-        d_o = d + (self.slot - self.slot[r, cfg][:, None])
-        d_o = np.where(self.valid, d_o, 1.0)
-        st_o = st + (self.slot_tok - self.slot_tok[r, cfg][:, None])
-        sf_o = sf + (self.slot_free - self.slot_free[r, cfg][:, None])
-        sv_o = sv[None, None, :] + (self.slot_aob - self.slot_aob[r, cfg][:, None, :])
-        num_o = self.n * float(self.w.sum()) / d_o
-        tok_o, free_o = self.n * st_o / d_o, self.n * sf_o / d_o
-        t = self.time(tok_o, num_o, free_o, sv_o / d_o[:, :, None])
-        g = num_o / t
-        if self.floor > 0:
-            # (U, O, U): every category's (E, drafts, free drafts) when row u takes option o, the rest at cfg
-            u, o = self.e.shape
-            swap = (r[:, None, None] == r[None, None, :])
-            e3 = np.where(swap, self.e[:, :, None], self.e[r, cfg][None, None, :])
-            d3 = np.where(swap, self.d[:, :, None], self.d[r, cfg][None, None, :])
-            f3 = np.where(swap, self.free_k[:, :, None], self.free_k[r, cfg][None, None, :])
-            g = g * self._floor_factor(self.own_ratios(e3, d3, f3, t, tok_o, free_o))
-        g = np.where(self.valid, g, -np.inf)
-        return g, t
-
-    # -- search -----------------------------------------------------------------------------------------------
-    def ascend(self, cfg: np.ndarray) -> tuple[np.ndarray, float]:
-        cfg = cfg.copy()
-        g_cur, _ = self.goodput(cfg)
-        for _ in range(_MAX_ITERS):
-            g, _t = self.all_options(cfg)
-            g = np.where(self.movable[:, None], g, -np.inf)
-            best = np.argmax(g, axis=1)
-            best_g = g[self.rows, best]
-            improving = self.movable & (best_g > g_cur * (1 + 1e-9))
-            if not improving.any():
-                break
-            joint = np.where(improving, best, cfg)
-            g_joint, _ = self.goodput(joint)
-            u = int(np.argmax(np.where(improving, best_g, -np.inf)))
-            if g_joint >= best_g[u]:
-                cfg, g_cur = joint, g_joint
-            else:
-                cfg[u] = best[u]
-                g_cur = float(best_g[u])
-        return cfg, g_cur
-
-    def search(self, k_max: int, previous: np.ndarray | None) -> np.ndarray:
-        if len(self.rows) == 1:  # one category: every option scored at once is the whole search
-            g, _ = self.all_options(np.zeros(1, dtype=int))
-            return np.array([int(np.argmax(g[0]))])
-        caps = sorted({k_max, (k_max + 1) // 2, min(2, k_max), min(1, k_max), 0}, reverse=True)
-        if not (self.model_k[self.movable] > 0).any():
-            caps = [k_max]
-        starts = []
-        for cap in caps:
-            e = np.where(self.valid & (self.model_k <= cap), self.e, -np.inf)
-            starts.append(np.where(self.movable, np.argmax(e, axis=1), 0))
-        starts.append(np.zeros(len(self.rows), dtype=int))
-        if previous is not None:
-            starts.append(previous)
-        best_cfg, best_g, seen = starts[-1], -1.0, set()
-        for s in starts:
-            key = s.tobytes()
-            if key in seen:
-                continue
-            seen.add(key)
-            cfg, g = self.ascend(s)
-            if g > best_g * (1 + 1e-12):
-                best_cfg, best_g = cfg, g
-        return best_cfg
-
-
 # --- guardrails on a found configuration ------------------------------------------------------------------------
-def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: float) -> tuple[np.ndarray, dict]:
+def _hysteresis(pb: BatchModel, cfg: np.ndarray, previous: np.ndarray | None, h: float) -> tuple[np.ndarray, dict]:
     """Keep the previous decision unless moving gains more than ``h`` of the movers' own goodput.
 
     First per category (the others at the new decision), then for the movers together: categories share
@@ -392,7 +165,7 @@ def _hysteresis(pb: _Problem, cfg: np.ndarray, previous: np.ndarray | None, h: f
     return cfg, notes
 
 
-def _bands(pb: _Problem, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: float) -> list[tuple[int, int]]:
+def _bands(pb: BatchModel, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: float) -> list[tuple[int, int]]:
     out = []
     shares = pb.shares_at(cfg)
     for u in pb.rows:
@@ -419,7 +192,7 @@ def _bands(pb: _Problem, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: flo
 _PROBE_GRID = np.concatenate([[1.0], np.geomspace(1.0, 1e-4, 64)[1:]])
 
 
-def _probe_rates(pb: _Problem, cfg: np.ndarray, units: np.ndarray, e: np.ndarray, model: np.ndarray, pk: int,
+def _probe_rates(pb: BatchModel, cfg: np.ndarray, units: np.ndarray, e: np.ndarray, model: np.ndarray, pk: int,
                  cfg_: PolicySettings, budget: np.ndarray | float | None = None) -> np.ndarray:
     """Largest rate <= probe_rate per unit whose modelled cost stays within its budget (one evaluation)."""
     budget = cfg_.probe_budget if budget is None else budget
@@ -453,17 +226,7 @@ def _static_choice(snap: PolicySnapshot) -> Choice:
     return Choice(snap.k_max, snap.engine_method)
 
 
-@dataclass(frozen=True)
-class _Prefill:
-    """Prefill tokens per step = fixed + rate * committed tokens per step, spread by ``rel`` (mean 1)."""
-
-    fixed: float
-    rate: float
-    rel: np.ndarray
-    w: np.ndarray
-
-
-def _extra(snap: PolicySnapshot) -> _Prefill:
+def _extra(snap: PolicySnapshot) -> Prefill:
     dist = [(float(v), float(w)) for v, w in snap.extra_tokens_dist if w > 0]
     vals = np.array([v for v, _ in dist] or [1.0])
     w = np.array([w for _, w in dist] or [1.0])
@@ -471,11 +234,11 @@ def _extra(snap: PolicySnapshot) -> _Prefill:
     mean = float(vals @ w)
     rel = vals / mean if mean > 0 else np.ones_like(vals)
     if snap.extra_per_committed > 0:
-        return _Prefill(0.0, float(snap.extra_per_committed), rel, w)
-    return _Prefill(float(snap.extra_tokens), 0.0, rel, w)
+        return Prefill(0.0, float(snap.extra_per_committed), rel, w)
+    return Prefill(float(snap.extra_tokens), 0.0, rel, w)
 
 
-def _index(options: _Options, choice: Choice | None) -> int:
+def _index(options: Options, choice: Choice | None) -> int:
     if choice is None:
         return -1
     for j in range(len(options)):
@@ -504,11 +267,11 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
     if not pooled or snap.k_max <= 0:
         return _static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
     opts = _options(pooled, snap.k_max)
-    pb = _Problem(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max,
-                  depth_factor=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
+    pb = BatchModel(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max,
+                  depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     prev_i = _index(opts, snap.previous_default)
     prev = np.array([prev_i]) if prev_i >= 0 else None
-    best, _ = _hysteresis(pb, pb.search(snap.k_max, prev), prev, cfg.hysteresis)
+    best, _ = _hysteresis(pb, search(pb, snap.k_max, prev), prev, cfg.hysteresis)
     j = int(best[0])
     k = int(opts.k[j])
     what = f"pooled profile of {engine}" if engine is not None else "pooled decision of all categories"
@@ -525,8 +288,8 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
     k = max(snap.k_max, 1)
     n = max(snap.batch_size, 1.0)
     opts = [_options(known[i], k) for i in idx]
-    pb = _Problem([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
-                  depth_factor=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
+    pb = BatchModel([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
+                  depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     # every row alone: a batch of n requests all of that category
     t = pb.time(n * (1.0 + pb.d), n * pb.e, n * pb.free_k, pb.at_or_below)
     g = np.where(pb.valid, n * pb.e / t, -np.inf)
@@ -535,6 +298,38 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
         j = int(best[row])
         out[i] = (opts[row].methods[j] if opts[row].k[j] else METHOD_OFF, float(g[row, j] / g[row, 0]))
     return out
+
+
+def _model(snap: PolicySnapshot, cfg: PolicySettings, default: Choice, names: list[str], shares: list[float],
+           options: list[Options], movable: list[bool], demand: list[float], inputs: list[CategoryInput]) -> BatchModel:
+    """The batch the policy optimises: the categories' options, plus the requests the mix does not attribute
+    (e.g. an engine that reports none) at the default."""
+    rest = snap.batch_size - sum(shares)
+    if rest > 1e-9 or not names:
+        names.append("_rest")
+        shares.append(max(rest, MIN_SHARE) if names[:-1] else max(snap.batch_size, 1.0))
+        options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
+        demand.append(shares[-1] * float(options[-1].e[0]))
+        movable.append(False)
+    protected = [i < len(inputs) and inputs[i].share > MIN_SHARE for i in range(len(names))]
+    return BatchModel(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
+                      snap.mixed_penalty, cfg.category_floor, protected)
+
+
+def score(snap: PolicySnapshot, cfg: PolicySettings, choices: Mapping[str, Choice]) -> tuple[float, float]:
+    """Modelled batch goodput (tokens/s) and step time (s) of one configuration, category -> choice (missing:
+    the default), under the model :func:`decide` maximises: what ``specctl replay`` and the simulator's oracle
+    must agree with."""
+    default, _ = _default_choice(snap, cfg)
+    names, shares, options, demand = [], [], [], []
+    for c in snap.categories:
+        choice = choices.get(c.name, default)
+        names.append(c.name)
+        shares.append(max(c.share, MIN_SHARE))
+        demand.append(c.committed if c.share >= MIN_SHARE and c.committed > 0 else max(c.share, MIN_SHARE))
+        options.append(_fixed_option(choice, _profile_for(c.profiles, choice.method)))
+    pb = _model(snap, cfg, default, names, shares, options, [False] * len(names), demand, list(snap.categories))
+    return pb.goodput(np.zeros(len(names), dtype=int))
 
 
 def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
@@ -571,26 +366,16 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
             own = _profile_for(c.profiles, default.method) or _profile_for(snap.pooled, default.method)
             options.append(_fixed_option(default, own))
             movable.append(False)
-    rest = snap.batch_size - sum(shares)
-    if rest > 1e-9 or not names:  # requests the mix does not attribute (e.g. an engine that reports none)
-        names.append("_rest")
-        shares.append(max(rest, MIN_SHARE) if names[:-1] else max(snap.batch_size, 1.0))
-        options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
-        demand.append(shares[-1] * float(options[-1].e[0]))
-        movable.append(False)
-    protected = [i < len(inputs) and inputs[i].share > MIN_SHARE for i in range(len(names))]
-    pb = _Problem(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
-                  snap.mixed_penalty, cfg.category_floor, protected)
+    pb = _model(snap, cfg, default, names, shares, options, movable, demand, inputs)
     prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
-    cfg_best = pb.search(snap.k_max, start_prev)
+    cfg_best = search(pb, snap.k_max, start_prev)
     cfg_best, notes = _hysteresis(pb, cfg_best, prev if has_prev else None, cfg.hysteresis)
 
     g_all, t_all = pb.all_options(cfg_best)
     g, t = pb.goodput(cfg_best)
-    t_plain = float(pb.time(pb.n, pb.n, 0.0, np.ones(len(pb.levels))))
-    g_plain = pb.n / t_plain
+    g_plain, t_plain = pb.plain()
     bands = _bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
     if pb.mixed_penalty > 1.0 + cfg.adapt_tolerance:
         # per-request adaptation would make steps mixed-k, which this engine runs measurably slower
@@ -660,7 +445,7 @@ def _optimistic_e(profile: MethodProfile | None, k_max: int) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(up))])
 
 
-def _worth_probing(pb: _Problem, cfg_best: np.ndarray, u: int, e_plus: np.ndarray, model: bool) -> bool:
+def _worth_probing(pb: BatchModel, cfg_best: np.ndarray, u: int, e_plus: np.ndarray, model: bool) -> bool:
     """Could the drafter pay for this category at some k even at the optimistic bound of its acceptance?
     If not, a probe cannot change the decision and costs goodput for nothing."""
     num, tok, free, le = pb.totals(cfg_best)
@@ -674,7 +459,7 @@ def _worth_probing(pb: _Problem, cfg_best: np.ndarray, u: int, e_plus: np.ndarra
     return bool((num_k / t).max() > g0 * (1 + 1e-9))
 
 
-def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], snap: PolicySnapshot,
+def _probes(pb: BatchModel, cfg_best: np.ndarray, inputs: list[CategoryInput], snap: PolicySnapshot,
             cfg: PolicySettings) -> dict[int, tuple[float, int, str]]:
     if cfg.probe_rate <= 0 or snap.k_max <= 0:
         return {}
@@ -700,16 +485,7 @@ def _probes(pb: _Problem, cfg_best: np.ndarray, inputs: list[CategoryInput], sna
     return {u: (float(r), pk, m) for u, r, m in zip(units, rates, methods) if r > 0}
 
 
-def _depth_factor(factors, levels: int) -> np.ndarray | None:
-    """The snapshot's per-depth factors padded to ``levels`` (None when they are all 1: the cheaper path)."""
-    if factors is None or len(factors) == 0:
-        return None
-    f = np.ones(levels)
-    f[: min(levels, len(factors))] = np.asarray(factors, dtype=float)[:levels]
-    return None if np.allclose(f, 1.0) else f
-
-
-def _tables(pb: _Problem, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
+def _tables(pb: BatchModel, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
     """Per category and k: the best usable drafter at that k, the rest of the batch as decided."""
     levels = np.arange(k_max + 1)
     match = pb.valid[:, :, None] & (pb.k[:, :, None] == levels[None, None, :])
@@ -727,7 +503,7 @@ def _tables(pb: _Problem, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: flo
     return out
 
 
-def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason: str, snap: PolicySnapshot,
+def _default_decision(pb: BatchModel, cfg_best: np.ndarray, choice: Choice, reason: str, snap: PolicySnapshot,
                       cfg: PolicySettings, t: float, t_plain: float) -> CategoryDecision:
     op = _fixed_option(choice, _profile_for(snap.pooled, choice.method))
     e0 = float(op.e[0])
@@ -738,7 +514,7 @@ def _default_decision(pb: _Problem, cfg_best: np.ndarray, choice: Choice, reason
         pk = min(cfg.probe_k, snap.k_max)
         prof = _profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
-        tmp = _Problem(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
+        tmp = BatchModel(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
                        list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
                        snap.depth_factor, snap.mixed_penalty)
         r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
