@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-from controller.core.estimator import decay_factor
+from controller.core.decay import Decayed
 from controller.protocol import MAX_K, METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX, StepRecord
 
 #: Drafters computed by the engine patch itself (CPU time per token, no GPU pass).
@@ -247,8 +247,10 @@ def _interpolate(values: np.ndarray, seen: np.ndarray, n: float) -> np.ndarray:
     return np.where(total > 1e-12, mixed, 1.0)
 
 
-class OnlineCostModel:
+class OnlineCostModel(Decayed):
     """Ridge-regularised, exponentially forgotten least squares toward a preset (see module docstring)."""
+
+    _decayed = ("xtx", "xty", "weight", "cell_w", "cell_wall", "cell_x", "kind_w", "kind_wall", "kind_x")
 
     __slots__ = (
         "_cached",
@@ -288,18 +290,8 @@ class OnlineCostModel:
         self.steps_total = 0
         self.seconds_total = 0.0
 
-    def decay_to(self, now: float, half_life_s: float) -> None:
-        if self.t_last is not None:
-            f = decay_factor(now - self.t_last, half_life_s)
-            if f < 1.0:
-                self.xtx *= f
-                self.xty *= f
-                self.weight *= f
-                for arr in (self.cell_w, self.cell_wall, self.cell_x, self.kind_w, self.kind_wall, self.kind_x):
-                    arr *= f
-                self._cached = None
-        if self.t_last is None or now > self.t_last:
-            self.t_last = now
+    def _decayed_changed(self) -> None:
+        self._cached = None
 
     def add(self, n: float, tokens: float, depth: float, free: float, wall_s: float, kind: int = PLAIN) -> None:
         self.add_many([(n, tokens, depth, free, wall_s, kind)])
