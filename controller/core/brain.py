@@ -24,7 +24,7 @@ from typing import Literal
 
 from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, category_series, model_series
 from controller.core.config import BrainConfig
-from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
+from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS
 from controller.core.engines import COUNTER_CAP, EngineBook
 from controller.core.entropy import classify
 from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval, z_for
@@ -51,6 +51,7 @@ from controller.core.views import (
     MetricsSnapshot,
     PositionView,
 )
+from controller.drafters import is_model_free, to_wire
 from controller.protocol import (
     CATEGORY_PATTERN,
     MAX_K,
@@ -570,7 +571,7 @@ class Brain:
     @staticmethod
     def _category_policy(d: CategoryDecision, spec: SpecConfig) -> CategoryPolicy:
         def wire(m: str) -> str:
-            return METHOD_ENGINE if m == spec.method else m
+            return to_wire(m, spec.method)
 
         k = min(d.k, spec.k_max)
         if k == 0:
@@ -956,7 +957,7 @@ def _apply_override(base: CategoryPolicy, ov: Override, spec: SpecConfig) -> Cat
     method = base.method
     note = ""
     if ov.method is not None:
-        pinned = METHOD_ENGINE if ov.method == spec.method else ov.method
+        pinned = to_wire(ov.method, spec.method)
         if pinned in available:
             method = pinned
         else:

@@ -58,14 +58,8 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 from controller.core.decay import Decayed
-from controller.protocol import MAX_K, METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX, StepRecord
-
-#: Drafters computed by the engine patch itself (CPU time per token, no GPU pass).
-FREE_METHODS = frozenset({METHOD_NGRAM, METHOD_SUFFIX})
-
-
-def is_model_free(method: str) -> bool:
-    return method in FREE_METHODS
+from controller.drafters import FREE_METHODS, is_model_free
+from controller.protocol import MAX_K, METHOD_OFF, StepRecord
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from controller.core.engines import COUNTER_CAP
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
 from controller.core.model.cells import CellTable
-from controller.protocol import MAX_K, MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
+from controller.drafters import resolve
+from controller.protocol import MAX_K, MAX_METHODS, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
 
 
 @dataclass
@@ -144,7 +145,7 @@ class ModelState:
                 if mset is None:
                     held = self.categories.get(cat)
                     mset = methods_per_cat[cat] = set(held.methods) if held is not None else set()
-                real = batch.spec.method if cs.method == METHOD_ENGINE else cs.method
+                real = resolve(cs.method, batch.spec.method)
                 # (method, counterfactual, histograms, asks): every request of a drafting method asked it
                 entries = [(real, False, cs.hists, cs.requests)] if real != METHOD_OFF else []
                 tried = cs.counterfactual_attempts

@@ -48,11 +48,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.core import ema_tiers
-from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_kind, step_shape
+from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.model.batch import BatchModel, Options, Prefill
 from controller.core.model.search import search
-from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from controller.drafters import is_model_free, resolve
+from controller.protocol import METHOD_OFF, TelemetryBatch
 
 #: A drafter: (context tokens, k) -> up to k proposed tokens.
 Proposer = Callable[[np.ndarray, int], list[int]]
@@ -187,10 +188,6 @@ def _engine_method(batches: Sequence[TelemetryBatch]) -> str:
     return batches[-1].spec.method if batches else METHOD_OFF
 
 
-def _real(method: str, engine: str) -> str:
-    return engine if method == METHOD_ENGINE else method
-
-
 def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
     """Committed tokens per category, prefill tokens, batch size and the E/D each category ran with."""
     engine = _engine_method(batches)
@@ -213,7 +210,7 @@ def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
                 committed[cs.category] += cs.requests + acc
                 req_steps[cs.category] += cs.requests
                 drafted[cs.category] += sum(h.draft_tokens for h in cs.hists)
-                methods[cs.category][_real(cs.method, engine)] += cs.requests
+                methods[cs.category][resolve(cs.method, engine)] += cs.requests
     recorded = {}
     for c, r in req_steps.items():
         if r > 0:
@@ -232,7 +229,7 @@ def acceptance(batches: Sequence[TelemetryBatch]) -> tuple[dict[str, dict[str, A
     for b in batches:
         for st in b.steps:
             for cs in st.categories:
-                m = _real(cs.method, engine)
+                m = resolve(cs.method, engine)
                 entries = [(m, False, cs.hists)] if m != METHOD_OFF else []
                 entries += [(cm, True, hs) for cm, hs in cs.counterfactual.items()]
                 if m != METHOD_OFF:

@@ -69,7 +69,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from controller.core.config import PolicySettings
-from controller.core.cost import is_model_free
 from controller.core.estimator import expected_committed
 from controller.core.model.batch import BatchModel, Options, Prefill
 from controller.core.model.search import search
@@ -82,6 +81,7 @@ from controller.core.policy.types import (
     MethodProfile,
     PolicySnapshot,
 )
+from controller.drafters import is_model_free
 from controller.protocol import METHOD_OFF
 
 #: Requests per step assumed for a category absent from the current mix: its decision is then the
