@@ -4,10 +4,13 @@ A learner names its decayed attributes in ``_decayed`` (floats, numpy arrays, di
 floats) and gets :meth:`Decayed.decay_to`, which ages them to ``now`` in place (writes), and
 :meth:`Decayed.factor_to`, the factor that would apply (reads: a view computed at ``now`` scales what it
 reads by it and leaves the state alone). Time only moves forward: a clock that repeats or steps back ages
-nothing and keeps the latest time.
+nothing and keeps the latest time. :meth:`Decayed.aged` gives a read an aged copy when it needs the whole
+object at ``now`` (the original is untouched).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -40,8 +43,28 @@ class Decayed:
         if self.t_last is None or now > self.t_last:
             self.t_last = now
 
+    def aged(self, now: float, half_life_s: float):
+        """A copy aged to ``now`` for a read (``self`` when nothing would change); ``self`` is left alone."""
+        f = self.factor_to(now, half_life_s)
+        if f >= 1.0:
+            return self
+        out = copy.copy(self)
+        for name in self._decayed:
+            setattr(out, name, _scaled(_copied(getattr(self, name)), f))
+        out._decayed_changed()
+        out.t_last = now
+        return out
+
     def _decayed_changed(self) -> None:
         """Called after the sums were aged (e.g. to drop what was derived from them)."""
+
+
+def _copied(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: list(v) if isinstance(v, list) else v for k, v in value.items()}
+    return value
 
 
 def _scaled(value, f: float):

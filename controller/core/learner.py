@@ -220,12 +220,12 @@ class ModelState:
 
     # -- reading --------------------------------------------------------------------------------------------
     def pooled(self, method: str, now: float, half_life_s: float) -> AcceptanceEstimator:
+        """All categories' evidence for ``method`` pooled, aged to ``now`` (a read: the categories are left alone)."""
         pool = AcceptanceEstimator()
         for st in self.categories.values():
             est = st.methods.get(method)
             if est is not None:
-                est.decay_to(now, half_life_s)
-                pool.merge_from(est)
+                pool.merge_from(est.aged(now, half_life_s))
         return pool
 
     def methods(self) -> list[str]:

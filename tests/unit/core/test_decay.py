@@ -49,6 +49,18 @@ def test_factor_to_is_a_read() -> None:
     assert (s.x, s.t_last) == (8.0, 0.0)
 
 
+def test_aged_is_a_copy_and_leaves_the_original_alone() -> None:
+    s = Sums()
+    s.decay_to(0.0, 10.0)
+    old = (s.x, s.arr.tolist(), dict(s.per), {k: list(v) for k, v in s.lists.items()}, s.t_last)
+    a = s.aged(10.0, 10.0)
+    assert (a.x, a.arr.tolist(), a.per, a.lists, a.t_last) == (4.0, [2.0, 1.0], {"a": 1.0}, {(0, 1): [3.0, 1.5]}, 10.0)
+    assert (s.x, s.arr.tolist(), s.per, s.lists, s.t_last) == old
+    assert s.aged(0.0, 10.0) is s  # nothing to age: no copy
+    s.decay_to(10.0, 10.0)
+    assert (s.x, s.arr.tolist(), s.per, s.lists) == (a.x, a.arr.tolist(), a.per, a.lists)  # same as writing
+
+
 @pytest.mark.parametrize("make", [AcceptanceEstimator, Mix, lambda: OnlineCostModel(H200), CellTable])
 def test_every_learner_forgets_with_the_one_rule(make) -> None:
     learner = make()
