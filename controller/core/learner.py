@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from controller.core.config import LearnerSettings
-from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
+from controller.core.cost import CostCoefficients, step_kind, step_shape
+from controller.core.cost_fit import OnlineCostModel
 from controller.core.engines import COUNTER_CAP
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix

@@ -32,8 +32,8 @@ Where it lives. The batch goodput G (slots, prefill, depth distribution, depth f
 is :class:`controller.core.model.batch.BatchModel`, and the search (batched coordinate ascent with depth-cap
 restarts, all off and the previous decision) is :func:`controller.core.model.search.search`: the same model and
 search price ``specctl replay``'s rows and rank the simulator's oracle candidates. :func:`score` prices one
-configuration of a snapshot. This module builds the options per category (off and every k in 1..k_max for every
-drafter the engine can run with enough evidence) and applies the guardrails.
+configuration of a snapshot. The options per category (off and every k in 1..k_max for every drafter the engine
+can run with enough evidence) are :mod:`.candidates`; the guardrails below are :mod:`.guardrails`.
 
 Guardrails, applied on top:
   * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen. A
@@ -70,15 +70,16 @@ import numpy as np
 
 from controller.core.config import PolicySettings
 from controller.core.estimator import expected_committed
-from controller.core.model.batch import BatchModel, Options, Prefill
+from controller.core.model.batch import BatchModel, Options
 from controller.core.model.search import search
+from controller.core.policy import candidates as cand
+from controller.core.policy import guardrails
 from controller.core.policy.types import (
     CategoryDecision,
     CategoryInput,
     Choice,
     Decision,
     KRow,
-    MethodProfile,
     PolicySnapshot,
 )
 from controller.drafters import is_model_free
@@ -87,169 +88,6 @@ from controller.protocol import METHOD_OFF
 #: Requests per step assumed for a category absent from the current mix: its decision is then the
 #: marginal one (what one such request would gain in this batch).
 MIN_SHARE = 1e-3
-def _options(profiles: list[MethodProfile], k_max: int) -> Options:
-    ks, es, model, free, methods = [np.zeros(1)], [np.ones(1)], [np.zeros(1, bool)], [np.zeros(1, bool)], [METHOD_OFF]
-    drafted = [np.zeros(1)]
-    for p in profiles:
-        kk = min(k_max, len(p.betas))
-        if kk <= 0:
-            continue
-        k = np.arange(1, kk + 1, dtype=float)
-        m = _match(p)
-        ks.append(k)
-        es.append(1.0 + m * np.cumsum(np.cumprod(np.asarray(p.betas[:kk], dtype=float))))
-        drafted.append(m * k)
-        model.append(np.full(kk, not p.model_free))
-        free.append(np.full(kk, p.model_free))
-        methods.extend([p.method] * kk)
-    return Options(np.concatenate(ks), np.concatenate(es), np.concatenate(model), np.concatenate(free),
-                    tuple(methods), np.concatenate(drafted))
-
-
-def _match(p: MethodProfile | None) -> float:
-    """Share of a model-free drafter's request steps that draft (it proposes only on a match); 1 otherwise."""
-    if p is None or not p.model_free:
-        return 1.0
-    return min(max(p.match_rate, 0.0), 1.0)
-
-
-def _fixed_option(choice: Choice, profile: MethodProfile | None) -> Options:
-    """A category pinned at ``choice``: E from its own posterior, else the pool's, else 0.5 per position."""
-    k = choice.k
-    if k == 0:
-        return Options(np.zeros(1), np.ones(1), np.zeros(1, bool), np.zeros(1, bool), (METHOD_OFF,))
-    betas = tuple(profile.betas) if profile is not None else ()
-    betas = (betas + (betas[-1] if betas else 0.5,) * k)[:k]
-    free = profile.model_free if profile is not None else is_model_free(choice.method)
-    m = _match(profile)
-    return Options(np.array([float(k)]), np.array([1.0 + m * (expected_committed(betas)[-1] - 1.0)]),
-                    np.array([not free]), np.array([free]), (choice.method,), np.array([m * k]))
-
-
-# --- guardrails on a found configuration ------------------------------------------------------------------------
-def _hysteresis(pb: BatchModel, cfg: np.ndarray, previous: np.ndarray | None, h: float) -> tuple[np.ndarray, dict]:
-    """Keep the previous decision unless moving gains more than ``h`` of the movers' own goodput.
-
-    First per category (the others at the new decision), then for the movers together: categories share
-    the drafting pass, so several can each look worth moving while the batch as a whole gains next to
-    nothing, and two such configurations would alternate.
-    """
-    notes: dict[int, str] = {}
-    if previous is None:
-        return cfg, notes
-    cfg = cfg.copy()
-    known = pb.movable & (previous >= 0)
-    for u in np.flatnonzero(known & (previous != cfg)):
-        g_new, _ = pb.goodput(cfg)
-        old = cfg.copy()
-        old[u] = previous[u]
-        g_old, t_old = pb.goodput(old)
-        own = pb.shares_at(old)[u] * pb.e[u, previous[u]] / t_old
-        gain = (g_new - g_old) / own if own > 0 else 0.0
-        if gain < h:
-            cfg = old
-            notes[int(u)] = f"kept previous (gain {gain:.1%} of own goodput < hysteresis {h:.0%})"
-    movers = np.flatnonzero(known & (previous != cfg))
-    if len(movers) > 1:
-        old = cfg.copy()
-        old[movers] = previous[movers]
-        g_new, _ = pb.goodput(cfg)
-        g_old, t_old = pb.goodput(old)
-        own = float(np.sum(pb.shares_at(old)[movers] * pb.e[movers, previous[movers]])) / t_old
-        gain = (g_new - g_old) / own if own > 0 else 0.0
-        if gain < h:
-            cfg = old
-            for u in movers:
-                notes[int(u)] = (f"kept previous ({len(movers)} categories would move together for "
-                                 f"{gain:.1%} of their goodput < hysteresis {h:.0%})")
-    return cfg, notes
-
-
-def _bands(pb: BatchModel, cfg: np.ndarray, g: np.ndarray, t: np.ndarray, tol: float) -> list[tuple[int, int]]:
-    out = []
-    shares = pb.shares_at(cfg)
-    for u in pb.rows:
-        c = cfg[u]
-        k0 = int(pb.k[u, c])
-        if k0 == 0:
-            out.append((0, 0))
-            continue
-        own = shares[u] * pb.e[u, c] / t[u, c]
-        opts = pb.options[u]
-        method = opts.methods[c]
-        ok = {int(opts.k[j]) for j in range(len(opts)) if (opts.methods[j] == method or opts.k[j] == 0)
-              and g[u, c] - g[u, j] <= tol * own}
-        lo = hi = k0
-        while lo - 1 in ok:
-            lo -= 1
-        while hi + 1 in ok:
-            hi += 1
-        out.append((lo, hi))
-    return out
-
-
-#: Probe rates tried (as fractions of probe_rate): 1 and 63 geometric steps down to 1e-4 of it.
-_PROBE_GRID = np.concatenate([[1.0], np.geomspace(1.0, 1e-4, 64)[1:]])
-
-
-def _probe_rates(pb: BatchModel, cfg: np.ndarray, units: np.ndarray, e: np.ndarray, model: np.ndarray, pk: int,
-                 cfg_: PolicySettings, budget: np.ndarray | float | None = None) -> np.ndarray:
-    """Largest rate <= probe_rate per unit whose modelled cost stays within its budget (one evaluation)."""
-    budget = cfg_.probe_budget if budget is None else budget
-    num, tok, free, le = pb.totals(cfg)
-    g0 = num / float(pb.time(tok, num, free, le))
-    rate = cfg_.probe_rate * _PROBE_GRID[None, :]  # (1, G)
-    n_p = pb.shares_at(cfg)[units][:, None] * rate  # (U, G) probing requests per step
-    below_pk = (pb.levels < pk).astype(float)
-    le_r = le[None, None, :] - (np.where(model[:, None], n_p / pb.n, 0.0))[:, :, None] * below_pk
-    num_r = num + n_p * (e[:, None] - 1.0)
-    t = pb.time(tok + n_p * pk, num_r, free + np.where(model[:, None], 0.0, n_p * pk), le_r)
-    loss = 1.0 - (num_r / t) / g0
-    ok = loss <= np.reshape(budget, (-1, 1))
-    first = np.argmax(ok, axis=1)  # the grid falls, so the first acceptable rate is the largest
-    return np.where(ok.any(axis=1), np.round(rate[0, first], 6), 0.0)
-
-
-# --- building ------------------------------------------------------------------------------------------------------
-def _usable(p: MethodProfile, snap: PolicySnapshot, cfg: PolicySettings) -> bool:
-    """Evidence ever seen counts: a drafter not run keeps its (decayed, prior-shrunk) estimate usable."""
-    return p.method in snap.methods and p.eligible_evidence >= cfg.min_evidence
-
-
-def _profile_for(profiles: tuple[MethodProfile, ...], method: str) -> MethodProfile | None:
-    return next((p for p in profiles if p.method == method), None)
-
-
-def _static_choice(snap: PolicySnapshot) -> Choice:
-    if snap.k_max <= 0 or snap.engine_method == METHOD_OFF:
-        return Choice.off()
-    return Choice(snap.k_max, snap.engine_method)
-
-
-def _extra(snap: PolicySnapshot) -> Prefill:
-    dist = [(float(v), float(w)) for v, w in snap.extra_tokens_dist if w > 0]
-    vals = np.array([v for v, _ in dist] or [1.0])
-    w = np.array([w for _, w in dist] or [1.0])
-    w = w / w.sum()
-    mean = float(vals @ w)
-    rel = vals / mean if mean > 0 else np.ones_like(vals)
-    if snap.extra_per_committed > 0:
-        return Prefill(0.0, float(snap.extra_per_committed), rel, w)
-    return Prefill(float(snap.extra_tokens), 0.0, rel, w)
-
-
-def _index(options: Options, choice: Choice | None) -> int:
-    if choice is None:
-        return -1
-    for j in range(len(options)):
-        if int(options.k[j]) == choice.k and (options.methods[j] == choice.method or choice.k == 0):
-            return j
-    return -1
-
-
-def _engine_drafter(snap: PolicySnapshot) -> str | None:
-    """The engine's own drafter, if it has one it can run."""
-    return snap.engine_method if snap.engine_method in snap.methods and snap.k_max > 0 else None
 
 
 def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, str]:
@@ -260,18 +98,18 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
     one: the pooled decision over the model-free drafters. The engine's static config while the pool
     itself lacks evidence.
     """
-    pooled = [p for p in snap.pooled if _usable(p, snap, cfg)]
-    engine = _engine_drafter(snap)
+    pooled = [p for p in snap.pooled if cand.usable(p, snap, cfg)]
+    engine = cand.engine_drafter(snap)
     if engine is not None:
         pooled = [p for p in pooled if p.method == engine]
     if not pooled or snap.k_max <= 0:
-        return _static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
-    opts = _options(pooled, snap.k_max)
-    pb = BatchModel(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], _extra(snap), snap.cost, snap.k_max,
+        return cand.static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
+    opts = cand.options(pooled, snap.k_max)
+    pb = BatchModel(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], cand.extra(snap), snap.cost, snap.k_max,
                   depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
-    prev_i = _index(opts, snap.previous_default)
+    prev_i = cand.index(opts, snap.previous_default)
     prev = np.array([prev_i]) if prev_i >= 0 else None
-    best, _ = _hysteresis(pb, search(pb, snap.k_max, prev), prev, cfg.hysteresis)
+    best, _ = guardrails.hysteresis(pb, search(pb, snap.k_max, prev), prev, cfg.hysteresis)
     j = int(best[0])
     k = int(opts.k[j])
     what = f"pooled profile of {engine}" if engine is not None else "pooled decision of all categories"
@@ -287,8 +125,8 @@ def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: Polic
         return out
     k = max(snap.k_max, 1)
     n = max(snap.batch_size, 1.0)
-    opts = [_options(known[i], k) for i in idx]
-    pb = BatchModel([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), _extra(snap), snap.cost, k,
+    opts = [cand.options(known[i], k) for i in idx]
+    pb = BatchModel([cats[i].name for i in idx], [n] * len(idx), opts, [True] * len(idx), cand.extra(snap), snap.cost, k,
                   depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
     # every row alone: a batch of n requests all of that category
     t = pb.time(n * (1.0 + pb.d), n * pb.e, n * pb.free_k, pb.at_or_below)
@@ -308,11 +146,11 @@ def _model(snap: PolicySnapshot, cfg: PolicySettings, default: Choice, names: li
     if rest > 1e-9 or not names:
         names.append("_rest")
         shares.append(max(rest, MIN_SHARE) if names[:-1] else max(snap.batch_size, 1.0))
-        options.append(_fixed_option(default, _profile_for(snap.pooled, default.method)))
+        options.append(cand.fixed_option(default, cand.profile_for(snap.pooled, default.method)))
         demand.append(shares[-1] * float(options[-1].e[0]))
         movable.append(False)
     protected = [i < len(inputs) and inputs[i].share > MIN_SHARE for i in range(len(names))]
-    return BatchModel(names, shares, options, movable, _extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
+    return BatchModel(names, shares, options, movable, cand.extra(snap), snap.cost, snap.k_max, demand, snap.depth_factor,
                       snap.mixed_penalty, cfg.category_floor, protected)
 
 
@@ -327,7 +165,7 @@ def score(snap: PolicySnapshot, cfg: PolicySettings, choices: Mapping[str, Choic
         names.append(c.name)
         shares.append(max(c.share, MIN_SHARE))
         demand.append(c.committed if c.share >= MIN_SHARE and c.committed > 0 else max(c.share, MIN_SHARE))
-        options.append(_fixed_option(choice, _profile_for(c.profiles, choice.method)))
+        options.append(cand.fixed_option(choice, cand.profile_for(c.profiles, choice.method)))
     pb = _model(snap, cfg, default, names, shares, options, [False] * len(names), demand, list(snap.categories))
     return pb.goodput(np.zeros(len(names), dtype=int))
 
@@ -335,20 +173,20 @@ def score(snap: PolicySnapshot, cfg: PolicySettings, choices: Mapping[str, Choic
 def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     default, default_reason = _default_choice(snap, cfg)
     names, shares, options, movable, inputs, demand = [], [], [], [], [], []
-    engine = _engine_drafter(snap)
-    pooled_engine = _profile_for(snap.pooled, engine) if engine else None
+    engine = cand.engine_drafter(snap)
+    pooled_engine = cand.profile_for(snap.pooled, engine) if engine else None
     explore_ok = pooled_engine is not None and pooled_engine.eligible_evidence >= cfg.min_evidence
     b0 = max(snap.batch_size, 1.0)
     t_plain0 = snap.cost.step_time(b0, b0 + (snap.extra_per_committed * b0 or snap.extra_tokens))
     t_plain0 *= snap.depth_factor[0] if snap.depth_factor else 1.0
     exploring: set[int] = set()
     for c in snap.categories:
-        usable = [p for p in c.profiles if _usable(p, snap, cfg)] if snap.k_max > 0 else []
+        usable = [p for p in c.profiles if cand.usable(p, snap, cfg)] if snap.k_max > 0 else []
         names.append(c.name)
         shares.append(max(c.share, MIN_SHARE))
         demand.append(c.committed if c.share >= MIN_SHARE and c.committed > 0 else max(c.share, MIN_SHARE))
         inputs.append(c)
-        own = _profile_for(c.profiles, engine) if engine else None
+        own = cand.profile_for(c.profiles, engine) if engine else None
         missing = cfg.min_evidence - (own.eligible_evidence if own is not None else 0.0)
         if engine is not None and missing > 0 and explore_ok and \
                 missing / max(c.share, MIN_SHARE) * t_plain0 <= cfg.explore_window_s:
@@ -356,31 +194,31 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
             # priced with the pool's profile). Otherwise a category on a model-free drafter (scored for
             # free on every request) would never be measured on the engine's own drafter.
             exploring.add(len(names) - 1)
-            opts = _options([pooled_engine], snap.k_max)
+            opts = cand.options([pooled_engine], snap.k_max)
             options.append(opts.tail())
             movable.append(True)
         elif usable:
-            options.append(_options(usable, snap.k_max))
+            options.append(cand.options(usable, snap.k_max))
             movable.append(True)
         else:
-            own = _profile_for(c.profiles, default.method) or _profile_for(snap.pooled, default.method)
-            options.append(_fixed_option(default, own))
+            own = cand.profile_for(c.profiles, default.method) or cand.profile_for(snap.pooled, default.method)
+            options.append(cand.fixed_option(default, own))
             movable.append(False)
     pb = _model(snap, cfg, default, names, shares, options, movable, demand, inputs)
-    prev = np.array([_index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
+    prev = np.array([cand.index(options[i], inputs[i].previous) if i < len(inputs) else -1 for i in range(len(names))])
     has_prev = bool((prev >= 0).any())
     start_prev = np.where(prev >= 0, prev, 0) if has_prev else None
     cfg_best = search(pb, snap.k_max, start_prev)
-    cfg_best, notes = _hysteresis(pb, cfg_best, prev if has_prev else None, cfg.hysteresis)
+    cfg_best, notes = guardrails.hysteresis(pb, cfg_best, prev if has_prev else None, cfg.hysteresis)
 
     g_all, t_all = pb.all_options(cfg_best)
     g, t = pb.goodput(cfg_best)
     g_plain, t_plain = pb.plain()
-    bands = _bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
+    bands = guardrails.bands(pb, cfg_best, g_all, t_all, cfg.adapt_tolerance)
     if pb.mixed_penalty > 1.0 + cfg.adapt_tolerance:
         # per-request adaptation would make steps mixed-k, which this engine runs measurably slower
         bands = [(int(pb.k[u, cfg_best[u]]),) * 2 for u in pb.rows]
-    probes = _probes(pb, cfg_best, inputs, snap, cfg)
+    probes = guardrails.probes(pb, cfg_best, inputs, snap, cfg)
     standalone = _best_standalone(inputs, snap, cfg)
     own = pb.ratios_at(cfg_best)
     worst = float(np.where(pb.protected, own, np.inf).min())
@@ -423,68 +261,6 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     return Decision(tuple(out), dflt, pb.n, g, g_plain, t * 1e3, t_plain * 1e3)
 
 
-def _probe_method(profiles: tuple[MethodProfile, ...], snap: PolicySnapshot, cfg: PolicySettings) -> str | None:
-    """The first drafter of this engine with no counterfactual signal (None: all are scored for free)."""
-    for m in snap.methods:
-        p = _profile_for(profiles, m)
-        if not (p is not None and p.counterfactual and p.evidence >= cfg.min_evidence):
-            return m
-    return None
-
-
-#: z of the optimistic bound that decides whether a probe can change anything (about 97.5 % one-sided).
-_PROBE_Z = 2.0
-
-
-def _optimistic_e(profile: MethodProfile | None, k_max: int) -> np.ndarray:
-    """E(0..k_max) with every beta raised to an upper confidence bound (all 1 without a profile)."""
-    if profile is None:
-        return np.arange(k_max + 1, dtype=float) + 1.0
-    b = np.asarray((tuple(profile.betas) + (profile.betas[-1],) * k_max)[:k_max], dtype=float)
-    up = np.minimum(1.0, b + _PROBE_Z * np.sqrt(b * (1 - b) / (profile.evidence + 1.0)))
-    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(up))])
-
-
-def _worth_probing(pb: BatchModel, cfg_best: np.ndarray, u: int, e_plus: np.ndarray, model: bool) -> bool:
-    """Could the drafter pay for this category at some k even at the optimistic bound of its acceptance?
-    If not, a probe cannot change the decision and costs goodput for nothing."""
-    num, tok, free, le = pb.totals(cfg_best)
-    g0 = num / float(pb.time(tok, num, free, le))
-    ks = np.arange(1, len(e_plus), dtype=float)
-    s = pb.shares_at(cfg_best)[u]
-    num_k = num + s * (e_plus[1:] - 1.0)
-    below = (pb.levels[None, :] < ks[:, None]).astype(float)
-    le_k = le[None, :] - (s / pb.n * below if model else 0.0)
-    t = pb.time(tok + s * ks, num_k, free + (0.0 if model else s * ks), le_k)
-    return bool((num_k / t).max() > g0 * (1 + 1e-9))
-
-
-def _probes(pb: BatchModel, cfg_best: np.ndarray, inputs: list[CategoryInput], snap: PolicySnapshot,
-            cfg: PolicySettings) -> dict[int, tuple[float, int, str]]:
-    if cfg.probe_rate <= 0 or snap.k_max <= 0:
-        return {}
-    pk = min(cfg.probe_k, snap.k_max)
-    units, es, models, methods, budgets = [], [], [], [], []
-    for u, c in enumerate(inputs):
-        if pb.k[u, cfg_best[u]] != 0:
-            continue
-        m = _probe_method(c.profiles, snap, cfg)
-        if m is None:
-            continue
-        prof = _profile_for(c.profiles, m)
-        model = not is_model_free(m)
-        worth = _worth_probing(pb, cfg_best, u, _optimistic_e(prof, snap.k_max), model)
-        budgets.append(cfg.probe_budget if worth else cfg.probe_idle_budget)
-        units.append(u)
-        es.append(expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1])
-        models.append(model)
-        methods.append(m)
-    if not units:
-        return {}
-    rates = _probe_rates(pb, cfg_best, np.array(units), np.array(es), np.array(models), pk, cfg, np.array(budgets))
-    return {u: (float(r), pk, m) for u, r, m in zip(units, rates, methods) if r > 0}
-
-
 def _tables(pb: BatchModel, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
     """Per category and k: the best usable drafter at that k, the rest of the batch as decided."""
     levels = np.arange(k_max + 1)
@@ -505,19 +281,19 @@ def _tables(pb: BatchModel, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: f
 
 def _default_decision(pb: BatchModel, cfg_best: np.ndarray, choice: Choice, reason: str, snap: PolicySnapshot,
                       cfg: PolicySettings, t: float, t_plain: float) -> CategoryDecision:
-    op = _fixed_option(choice, _profile_for(snap.pooled, choice.method))
+    op = cand.fixed_option(choice, cand.profile_for(snap.pooled, choice.method))
     e0 = float(op.e[0])
     rate, pk, pm = 0.0, 0, METHOD_OFF
-    m = _probe_method(snap.pooled, snap, cfg) if choice.k == 0 and cfg.probe_rate > 0 and snap.k_max > 0 else None
+    m = guardrails.probe_method(snap.pooled, snap, cfg) if choice.k == 0 and cfg.probe_rate > 0 and snap.k_max > 0 else None
     if m is not None:
         # a category the policy does not know yet, with a marginal share of the batch
         pk = min(cfg.probe_k, snap.k_max)
-        prof = _profile_for(snap.pooled, m)
+        prof = cand.profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = BatchModel(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
                        list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
                        snap.depth_factor, snap.mixed_penalty)
-        r = _probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
+        r = guardrails.probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
                          np.array([not is_model_free(m)]), pk, cfg)
         if r[0] > 0:
             rate, pm = float(r[0]), m

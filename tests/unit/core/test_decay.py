@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.core.cost import H200, OnlineCostModel
+from controller.core.cost import H200
+from controller.core.cost_fit import OnlineCostModel
 from controller.core.decay import Decayed, decay_factor
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
