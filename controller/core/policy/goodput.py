@@ -254,11 +254,14 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
         if rate > 0:
             source = "probe" if source == "policy" else source
             reason += f"; probing {rate:.2%} of requests at k={pk} ({pm})"
-        out.append(CategoryDecision(c.name, k, method if k else METHOD_OFF, source, reason[:512],
-                                    round(e, 4), round(speedup, 4), lo, hi, rate, pk, pm, standalone[u][0],
-                                    round(standalone[u][1], 4), table))
+        out.append(CategoryDecision(
+            name=c.name, k=k, method=method if k else METHOD_OFF, source=source, reason=reason[:512],
+            expected_committed=round(e, 4), speedup=round(speedup, 4), adapt_k_min=lo, adapt_k_max=hi,
+            probe_rate=rate, probe_k=pk, probe_method=pm, best_method=standalone[u][0],
+            best_method_speedup=round(standalone[u][1], 4), table=table))
     dflt = _default_decision(pb, cfg_best, default, default_reason, snap, cfg, t, t_plain)
-    return Decision(tuple(out), dflt, pb.n, g, g_plain, t * 1e3, t_plain * 1e3)
+    return Decision(categories=tuple(out), default=dflt, batch_size=pb.n, goodput=g, plain_goodput=g_plain,
+                    step_ms=t * 1e3, plain_step_ms=t_plain * 1e3)
 
 
 def _tables(pb: BatchModel, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: float) -> list[tuple[KRow, ...]]:
@@ -273,8 +276,9 @@ def _tables(pb: BatchModel, g: np.ndarray, t: np.ndarray, k_max: int, g_plain: f
         rows = []
         for k in levels[present[u]]:
             j = int(best[u, k])
-            rows.append(KRow(int(k), opts.methods[j], round(float(opts.e[j]), 4), round(float(t[u, j]) * 1e3, 4),
-                             round(float(g[u, j]), 3), round(float(g[u, j]) / g_plain, 4)))
+            rows.append(KRow(k=int(k), method=opts.methods[j], expected_committed=round(float(opts.e[j]), 4),
+                             step_ms=round(float(t[u, j]) * 1e3, 4), goodput=round(float(g[u, j]), 3),
+                             speedup=round(float(g[u, j]) / g_plain, 4)))
         out.append(tuple(rows))
     return out
 
@@ -291,13 +295,14 @@ def _default_decision(pb: BatchModel, cfg_best: np.ndarray, choice: Choice, reas
         prof = cand.profile_for(snap.pooled, m)
         e = expected_committed((prof.betas if prof else (0.5,) * pk)[:pk])[-1]
         tmp = BatchModel(pb.names + ["_default"], list(pb.share) + [MIN_SHARE], pb.options + [op],
-                       list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
-                       snap.depth_factor, snap.mixed_penalty)
+                         list(pb.movable) + [False], pb.prefill, snap.cost, snap.k_max, list(pb.w) + [MIN_SHARE],
+                         snap.depth_factor, snap.mixed_penalty)
         r = guardrails.probe_rates(tmp, np.append(cfg_best, 0), np.array([len(pb.names)]), np.array([e]),
-                         np.array([not is_model_free(m)]), pk, cfg)
+                                   np.array([not is_model_free(m)]), pk, cfg)
         if r[0] > 0:
             rate, pm = float(r[0]), m
         else:
             pk = 0
-    return CategoryDecision("_default", choice.k, choice.method, "default", reason, round(e0, 4),
-                            round(e0 * t_plain / t, 4), choice.k, choice.k, rate, pk, pm)
+    return CategoryDecision(name="_default", k=choice.k, method=choice.method, source="default", reason=reason,
+                            expected_committed=round(e0, 4), speedup=round(e0 * t_plain / t, 4),
+                            adapt_k_min=choice.k, adapt_k_max=choice.k, probe_rate=rate, probe_k=pk, probe_method=pm)

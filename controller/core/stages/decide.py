@@ -72,7 +72,9 @@ def static_decision(spec: SpecConfig, problem: str) -> Decision:
     """What the engine would run without a controller (its own drafter at its k_max), as a decision."""
     k = spec.k_max if spec.method != METHOD_OFF else 0
     method = spec.method if k else METHOD_OFF
-    default = CategoryDecision("default", k, method, "default",
-                               f"decision could not be computed ({problem[:200]}): the engine's static config",
-                               1.0, 1.0, k, k)
-    return Decision((), default, 1.0, 0.0, 0.0, 0.0, 0.0)
+    default = CategoryDecision(
+        name="default", k=k, method=method, source="default",
+        reason=f"decision could not be computed ({problem[:200]}): the engine's static config",
+        expected_committed=1.0, speedup=1.0, adapt_k_min=k, adapt_k_max=k)
+    return Decision(categories=(), default=default, batch_size=1.0, goodput=0.0, plain_goodput=0.0, step_ms=0.0,
+                    plain_step_ms=0.0)

@@ -197,8 +197,10 @@ def model_metrics(ms: ModelState, engines: Mapping[str, EngineBook], eff: Effect
                 if cum.drafts == 0:
                     continue
                 top = max(i for i, v in enumerate(cum.lengths) if v) if any(cum.lengths) else 0
-                methods.append(MethodCounters(model, name, m, cf, cum.drafts, cum.draft_tokens, cum.accepted_tokens,
-                                              tuple(cum.per_pos[: max(top, 1)]), tuple(cum.lengths[: top + 1])))
+                methods.append(MethodCounters(
+                    model=model, category=name, method=m, counterfactual=cf, drafts=cum.drafts,
+                    draft_tokens=cum.draft_tokens, accepted_tokens=cum.accepted_tokens,
+                    accepted_per_pos=tuple(cum.per_pos[: max(top, 1)]), accepted_length_counts=tuple(cum.lengths[: top + 1])))
                 if not cf:
                     for j, v in enumerate(cum.lengths):
                         lengths[j] += v
