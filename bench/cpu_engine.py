@@ -401,7 +401,7 @@ class Bench:
         static_recs = [r for n, ph in self.records.items() if oracle.static_k(n) or n == "batch_table"
                        for p in ph.values() for r in p.records]
         if ref and static_recs:
-            from engine_patch.proposers import propose_suffix
+            from controller.proposers import propose_suffix
 
             trs = traces.request_traces(ref[max(ref)].records)
             doc = traces.sim_trace(static_recs, trs, propose_suffix, engines.K_MAX,

@@ -1,7 +1,8 @@
 """``specctl replay`` command line: read recordings, pick the drafters that score traces, print the report.
 
 The what-if model and the report are pure functions in :mod:`controller.core.replay`; this module is the edge
-that touches files, imports the engine patch's drafters (and vLLM's n-gram when installed) and writes output.
+that touches files, takes the model-free drafters the engine patch runs (:mod:`controller.proposers`, shared by
+both) and vLLM's n-gram when installed, and writes output.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from controller.core.replay import (
     replay,
     select_model,
 )
+from controller.proposers import PROPOSERS
 from controller.protocol import TelemetryBatch
 from controller.recording import RecordingError, read_recording
 
@@ -34,8 +36,6 @@ from controller.recording import RecordingError, read_recording
 def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
                       ) -> tuple[dict[str, whatif.Proposer], str]:
     """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
-    from engine_patch.proposers import PROPOSERS
-
     out: dict[str, whatif.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
     used = "patch"
     if engine_method == "ngram" and engine_ngram in ("auto", "vllm"):

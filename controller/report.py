@@ -24,7 +24,8 @@ from typing import Any
 
 from controller.core.brain import Brain, IngestRejected
 from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from controller.drafters import resolve
+from controller.protocol import METHOD_OFF, TelemetryBatch
 
 #: Half-lives as long as allowed: a recording is weighted evenly (as in ``specctl replay``).
 REPORT_LEARNER = LearnerSettings(half_life_s=86_400, mix_half_life_s=3_600, cost_half_life_s=86_400)
@@ -100,7 +101,7 @@ def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = Non
         if now >= next_sample:
             policy = brain.policy_for(model, b.spec, now, b.engine_id)
             for name, cp in sorted(policy.categories.items()):
-                method = b.spec.method if cp.method in (METHOD_ENGINE, b.spec.method) else cp.method
+                method = resolve(cp.method, b.spec.method)
                 timeline.append({"t_s": t, "category": name, "k": cp.k, "method": method if cp.k else METHOD_OFF,
                                  "series": "policy"})
             next_sample = now + every

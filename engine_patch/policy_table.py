@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from controller import protocol
+from controller import drafters, protocol
 from controller.adapt import RETRY_EVERY, RequestK
 
 
@@ -141,12 +141,13 @@ def static_table(engine: EngineSpec) -> PolicyTable:
 
 
 def _resolve_method(requested: str, engine: EngineSpec) -> tuple[str, bool]:
-    if requested == protocol.METHOD_OFF:
+    real = drafters.resolve(requested, engine.method)
+    if real == protocol.METHOD_OFF:
         return protocol.METHOD_OFF, False
-    if requested in (protocol.METHOD_ENGINE, engine.method):
+    if real == engine.method:
         return engine.method, False
-    if requested in engine.model_free_methods:
-        return requested, True
+    if real in engine.model_free_methods:
+        return real, True
     return engine.method, False  # unknown or unavailable here: the engine's drafter
 
 

@@ -6,10 +6,9 @@ returns per-slot (k, drafter index) arrays; ``observe(result, now)`` lets it lea
   * ``NoSpec``            k = 0;
   * ``FixedK(k)``         every request at k with the engine's drafter (vLLM's static config);
   * ``BatchTable``        k from a batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``);
-  * ``SglangTiers``       engine-wide k from an EMA of the accepted length with tiers and hysteresis,
-                          after SGLang's adaptive ``speculative_num_steps`` (candidate steps 1/3/7,
-                          EMA alpha 0.2, re-evaluated every 5 steps after 10 warm-up steps, rise threshold
-                          step - 0.75, drop threshold previous step - 0.5);
+  * ``SglangTiers``       engine-wide k from an EMA of the accepted length with tiers and hysteresis per
+                          batch-size slot: :mod:`controller.core.ema_tiers`, the port of SGLang's adaptive
+                          ``speculative_num_steps`` that ``specctl replay`` and the CPU benchmark use too;
   * ``Static``            a fixed (k, drafter) per category (the hindsight oracle's form);
   * ``Specctl``           the real :class:`controller.core.brain.Brain` fed with the simulated telemetry,
                           its policy applied per request with the real :func:`controller.adapt.next_k`.
@@ -22,6 +21,7 @@ import numpy as np
 from bench.sim.engine import SimEngine, StepResult
 from bench.sim.profiles import Trace
 from controller.adapt import RequestK, initial_state, next_k
+from controller.core import ema_tiers
 from controller.core.brain import Brain
 from controller.core.config import BrainConfig
 from controller.protocol import (
@@ -87,33 +87,33 @@ class BatchTable(Strategy):
 
 
 class SglangTiers(Strategy):
+    """The core's port of SGLang's adaptive steps (:mod:`controller.core.ema_tiers`, the one ``specctl replay``
+    and the CPU benchmark run), routed by the simulated batch size."""
+
     name = "sglang_tiers"
 
-    def __init__(self, k_max: int, steps: tuple[int, ...] = (1, 3, 7), alpha: float = 0.2, interval: int = 5,
-                 warmup: int = 10, up: float = -0.25, down: float = 0.0) -> None:
-        self.tiers = sorted({min(s, k_max) for s in steps})
-        self.k = self.tiers[len(self.tiers) // 2]
-        self.ema = float(self.k - 1)
-        self.alpha, self.interval, self.warmup, self.up, self.down = alpha, interval, warmup, up, down
-        self.count = 0
+    def __init__(self, k_max: int, initial_steps: int = 3,
+                 slots: dict[int, ema_tiers.SlotConfig] | None = None) -> None:
+        self.slots = ema_tiers.clamp_slots(slots or ema_tiers.DEFAULT_SLOTS, k_max)
+        self.state = ema_tiers.init_state(min(initial_steps, k_max), self.slots)
+        self.batch = 1
+
+    @property
+    def k(self) -> int:
+        return self.state.steps_for_batch(self.batch)
+
+    @property
+    def tiers(self) -> tuple[int, ...]:
+        """The candidate steps of the slot the current batch size routes to."""
+        return self.slots[ema_tiers.slot_key(tuple(sorted(self.slots)), self.batch)].candidate_steps
 
     def choose(self, eng, now):
+        self.batch = eng.batch
         return np.full(eng.batch, self.k, dtype=int), np.zeros(eng.batch, dtype=int)
 
     def observe(self, res, now):
-        drafted = res.k > 0
-        if not drafted.any():
-            return
-        self.ema = (1 - self.alpha) * self.ema + self.alpha * float(res.accepted[drafted].mean())
-        self.count += 1
-        if self.count <= self.warmup or (self.count - self.warmup) % self.interval:
-            return
-        i = self.tiers.index(self.k)
-        while i > 0 and self.ema <= self.tiers[i - 1] - 0.5 + self.down:
-            i -= 1
-        while i < len(self.tiers) - 1 and self.ema > self.tiers[i] - 0.5 + self.up:
-            i += 1
-        self.k = self.tiers[i]
+        accepted = res.accepted[res.decoding].astype(float).tolist()  # per verified request, 0 when not drafting
+        self.state = ema_tiers.update(self.state, self.slots, res.batch_size, accepted)
 
 
 class Static(Strategy):

@@ -33,16 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controller.core.decay import Decayed
 from controller.protocol import MAX_K
 
 _N = MAX_K + 1  # positions 1..MAX_K stored at index 0..MAX_K-1; lengths 0..MAX_K
-
-
-def decay_factor(dt: float, half_life_s: float) -> float:
-    """Weight left after ``dt`` seconds with the given half-life (1 for dt <= 0: clocks may repeat)."""
-    if dt <= 0:
-        return 1.0
-    return 0.5 ** (dt / half_life_s)
 
 
 def wilson_interval(successes: float, trials: float, z: float) -> tuple[float, float]:
@@ -160,8 +154,10 @@ class Cumulative:
                    per_pos + [0] * (MAX_K - len(per_pos)), lengths + [0] * (_N - len(lengths)))
 
 
-class AcceptanceEstimator:
+class AcceptanceEstimator(Decayed):
     """Decayed per-position evidence for one (model, category, method)."""
+
+    _decayed = ("reached", "accepted", "lengths", "real_drafts", "cf_drafts", "attempts", "hits")
 
     __slots__ = ("accepted", "attempts", "cf_cum", "cf_drafts", "cum", "hits", "lengths", "max_k", "reached",
                  "real_drafts", "t_last")
@@ -180,20 +176,6 @@ class AcceptanceEstimator:
         self.cf_cum = Cumulative()
 
     # -- learning -------------------------------------------------------------------------------------------
-    def decay_to(self, now: float, half_life_s: float) -> None:
-        if self.t_last is not None:
-            f = decay_factor(now - self.t_last, half_life_s)
-            if f < 1.0:
-                self.reached *= f
-                self.accepted *= f
-                self.lengths *= f
-                self.real_drafts *= f
-                self.cf_drafts *= f
-                self.attempts *= f
-                self.hits *= f
-        if self.t_last is None or now > self.t_last:
-            self.t_last = now
-
     def add(self, k: int, accepted: list[int], counterfactual: bool) -> None:
         """Add one (already validated) histogram; call :meth:`decay_to` first for the batch's time."""
         self.add_many({k: accepted}, counterfactual)

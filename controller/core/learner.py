@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from controller.core.config import LearnerSettings
-from controller.core.cost import CostCoefficients, OnlineCostModel, step_kind, step_shape
+from controller.core.cost import CostCoefficients, step_kind, step_shape
+from controller.core.cost_fit import OnlineCostModel
 from controller.core.engines import COUNTER_CAP
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.mix import Mix
 from controller.core.model.cells import CellTable
-from controller.protocol import MAX_K, MAX_METHODS, METHOD_ENGINE, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
+from controller.drafters import resolve
+from controller.protocol import MAX_K, MAX_METHODS, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
 
 
 @dataclass
@@ -144,7 +146,7 @@ class ModelState:
                 if mset is None:
                     held = self.categories.get(cat)
                     mset = methods_per_cat[cat] = set(held.methods) if held is not None else set()
-                real = batch.spec.method if cs.method == METHOD_ENGINE else cs.method
+                real = resolve(cs.method, batch.spec.method)
                 # (method, counterfactual, histograms, asks): every request of a drafting method asked it
                 entries = [(real, False, cs.hists, cs.requests)] if real != METHOD_OFF else []
                 tried = cs.counterfactual_attempts
@@ -219,12 +221,12 @@ class ModelState:
 
     # -- reading --------------------------------------------------------------------------------------------
     def pooled(self, method: str, now: float, half_life_s: float) -> AcceptanceEstimator:
+        """All categories' evidence for ``method`` pooled, aged to ``now`` (a read: the categories are left alone)."""
         pool = AcceptanceEstimator()
         for st in self.categories.values():
             est = st.methods.get(method)
             if est is not None:
-                est.decay_to(now, half_life_s)
-                pool.merge_from(est)
+                pool.merge_from(est.aged(now, half_life_s))
         return pool
 
     def methods(self) -> list[str]:

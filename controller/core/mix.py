@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from controller.core.estimator import decay_factor
+from controller.core.decay import Decayed
 
 #: Prefill tokens per step are kept as a decayed histogram (bins of this many tokens, last bin open), so
 #: the policy can take the expectation of the cost's knee over how prefill really arrives (in bursts).
@@ -34,7 +34,9 @@ def _binned(values: Iterable[float]) -> dict[int, tuple[int, float]]:
     return out
 
 
-class Mix:
+class Mix(Decayed):
+    _decayed = ("steps", "requests", "extra_tokens", "extra_w", "extra_sum", "committed", "committed_per_category",
+                "per_category")
     __slots__ = (
         "committed",
         "committed_per_category",
@@ -57,23 +59,6 @@ class Mix:
         self.extra_sum = np.zeros(EXTRA_BINS)  # decayed sum of prefill tokens per bin (exact bin means)
         self.committed = 0.0  # decayed committed tokens (to relate prefill to goodput)
         self.committed_per_category: dict[str, float] = {}  # decayed committed tokens per category
-
-    def decay_to(self, now: float, half_life_s: float) -> None:
-        if self.t_last is not None:
-            f = decay_factor(now - self.t_last, half_life_s)
-            if f < 1.0:
-                self.steps *= f
-                self.requests *= f
-                self.extra_tokens *= f
-                self.extra_w *= f
-                self.extra_sum *= f
-                self.committed *= f
-                for c in self.committed_per_category:
-                    self.committed_per_category[c] *= f
-                for c in self.per_category:
-                    self.per_category[c] *= f
-        if self.t_last is None or now > self.t_last:
-            self.t_last = now
 
     def add(self, steps: int, requests: int, extra_tokens: int, per_category: dict[str, int],
             extra_values: list[int] | None = None, committed: dict[str, int] | None = None) -> None:

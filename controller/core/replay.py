@@ -35,7 +35,8 @@ from controller.core import whatif
 from controller.core.brain import Brain, IngestRejected
 from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from controller.core.cost import PRESETS
-from controller.protocol import MAX_K, METHOD_ENGINE, METHOD_OFF, SpecConfig, TelemetryBatch
+from controller.drafters import resolve
+from controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
 DEFAULT_POLICIES = ("recorded", "off", "static", "goodput", "ema_tiers", "oracle")
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)
@@ -124,7 +125,7 @@ def _wire_choice(brain: Brain, model: str, spec: SpecConfig, now: float,
     policy = brain.policy_for(model, spec, now, engine_id)
     out = {}
     for name, cp in {"_default": policy.default, **policy.categories}.items():
-        method = spec.method if cp.method in (METHOD_ENGINE, spec.method) else cp.method
+        method = resolve(cp.method, spec.method)
         out[name] = (cp.k, method if cp.k > 0 else METHOD_OFF, cp.source)
     return out
 

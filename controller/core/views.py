@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PositionView:
     position: int  # 1-based
     beta: float  # posterior mean conditional acceptance
@@ -18,7 +18,7 @@ class PositionView:
     accepted: float  # decayed drafts accepted at this position
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MethodView:
     method: str
     counterfactual: bool  # evidence mostly scored counterfactually (model-free drafter, not run)
@@ -38,7 +38,7 @@ class MethodView:
     asks: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecisionView:
     k: int
     method: str  # drafter name, 'off', or the pinned method
@@ -58,7 +58,7 @@ class DecisionView:
     override: dict | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CategoryView:
     model: str
     category: str
@@ -78,7 +78,7 @@ class CategoryView:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineView:
     engine_id: str
     model: str
@@ -108,7 +108,7 @@ class EngineView:
 
 
 # --- metrics ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MethodCounters:
     """Cumulative counters of one (model, category, method); counterfactual rows are scored, not run."""
 
@@ -123,7 +123,7 @@ class MethodCounters:
     accepted_length_counts: tuple[int, ...]  # index j = drafts with exactly j accepted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CategoryMetrics:
     model: str
     category: str
@@ -143,7 +143,7 @@ class CategoryMetrics:
     best_method: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineMetrics:
     engine: str
     model: str
@@ -156,7 +156,7 @@ class EngineMetrics:
     id_conflicts: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricsSnapshot:
     methods: tuple[MethodCounters, ...]
     categories: tuple[CategoryMetrics, ...]

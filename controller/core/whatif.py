@@ -11,18 +11,23 @@ fix two per-request-step figures:
     E_c = committed tokens per request step,     D_c = draft tokens verified per request step
 
 Then the request steps are ``R_c = C_c / E_c``, the engine steps ``S = sum_c R_c / B``, and one mean step
-schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens, ``F = sum_{c on a model-free drafter} R_c D_c / S``
-model-free draft tokens and (model-based drafter) the depth ``d = max k_c``. With the step-cost model ``T``
-(:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset)
+schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens and ``F = sum_{c on a model-free drafter} R_c D_c / S``
+model-free draft tokens (:func:`step_load`). The goodput is the policy's own closed-loop batch model
+(:class:`controller.core.model.batch.BatchModel`): category c holds ``n_c = B R_c / sum R`` of the slots,
+prefill rides along at ``P / sum C`` tokens per committed token, the model-drafting depth of a step is
+distributed as the policy assumes (``P(d <= x) = (share of requests at depth <= x) ** B``), and ``T`` is the
+step-cost model (:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset):
 
-    goodput = sum_c C_c / (S * T(B, N, d, F))          per category: E_c / T  (tokens/s of one request)
+    goodput = sum_c C_c / (S * E[T(B, N, d, F)])          per category: E_c / E[T]  (tokens/s of one request)
+
+so a row of ``specctl replay`` is what the policy itself would have predicted for it; the hindsight oracle
+is the policy's search (:mod:`controller.core.model.search`) over the same model.
 
 Where ``E`` and ``D`` come from:
-  * request token traces (exact for model-free drafters): the speculative loop is re-run on each
-    request's real tokens -- propose with the drafter, accept the common prefix with what the target
-    produced, commit accepted + 1 -- so steps and drafted tokens are counted, not modelled. Proposers are
-    assumed prefix-consistent (the first ``k`` tokens of a ``k+1`` proposal are the ``k`` proposal), which
-    holds for n-gram prompt lookup and suffix matching;
+  * request token traces (:mod:`controller.core.token_traces`, exact for model-free drafters): the
+    speculative loop is re-run on each request's real tokens -- propose with the drafter, accept the common
+    prefix with what the target produced, commit accepted + 1 -- so steps and drafted tokens are counted,
+    not modelled (prefix-consistent proposers: n-gram prompt lookup, suffix matching);
   * telemetry alone: ``E(k) = 1 + rho * sum_{i<=k} prod_{j<=i} beta_j`` and ``D(k) = rho * k`` with the
     per-position conditional acceptance ``beta`` of :mod:`controller.core.estimator` (real and
     counterfactual histograms pooled) and ``rho`` the share of request steps that had drafts when the
@@ -35,43 +40,36 @@ starting k stands for its requests); probing is ignored.
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from controller.core import ema_tiers
-from controller.core.cost import CostCoefficients, OnlineCostModel, is_model_free, step_kind, step_shape
+from controller.core.cost import CostCoefficients, step_kind, step_shape
+from controller.core.cost_fit import OnlineCostModel
 from controller.core.estimator import AcceptanceEstimator
-from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from controller.core.model.batch import BatchModel, Options, Prefill
+from controller.core.model.search import search
+from controller.core.token_traces import (
+    OFF,
+    Profile,
+    Proposer,
+    RequestTrace,
+    score_request,
+    trace_histograms,
+    trace_profiles,
+)
+from controller.drafters import is_model_free, resolve
+from controller.protocol import METHOD_OFF, TelemetryBatch
 
-#: A drafter: (context tokens, k) -> up to k proposed tokens.
-Proposer = Callable[[np.ndarray, int], list[int]]
+#: what replay and the benchmarks take from here (the token-trace part lives in controller.core.token_traces)
+__all__ = ["OFF", "Estimate", "Profile", "Proposer", "RequestTrace", "StepLoad", "Workload", "acceptance",
+           "batch_model", "best_static", "ema_tier_steps", "estimate", "fit_cost", "merge_profiles",
+           "mixed_estimate", "options", "profile_for", "score_request", "step_load", "telemetry_profiles",
+           "trace_histograms", "trace_profiles", "uniform", "workload_from_telemetry"]
 
-
-@dataclass(frozen=True)
-class RequestTrace:
-    """One finished request: its category and token ids (prompt as scheduled, output as produced)."""
-
-    category: str
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Committed tokens ``e`` and verified draft tokens ``d`` per request step of one (category, method, k)."""
-
-    method: str
-    k: int
-    e: float
-    d: float
-    source: str  # trace | telemetry | off | recorded
-
-
-OFF = Profile(METHOD_OFF, 0, 1.0, 0.0, "off")
 
 
 @dataclass(frozen=True)
@@ -102,86 +100,9 @@ class Estimate:
     per_category: Mapping[str, float]  # E_c / T: tokens / s of one request of the category while it decodes
 
 
-# --- token traces ----------------------------------------------------------------------------------------------
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def score_request(trace: RequestTrace, propose: Proposer, ks: Iterable[int], k_cap: int) -> dict[int, tuple[int, int]]:
-    """(decode steps, drafted tokens) to produce ``trace.output`` at each proposal length in ``ks``.
-
-    The first output token comes from the prefill step (the same for every k) and is not counted. Proposals
-    are computed once per position at ``k_cap`` and truncated (prefix-consistent proposers).
-    """
-    tokens = np.asarray(trace.prompt + trace.output, dtype=np.int32)
-    base = len(trace.prompt)
-    length = len(trace.output)
-    cache: dict[int, list[int]] = {}
-    out: dict[int, tuple[int, int]] = {}
-    for k in ks:
-        pos, steps, drafted = 1, 0, 0
-        while pos < length:
-            proposal: list[int] = []
-            if k > 0:
-                full = cache.get(pos)
-                if full is None:
-                    full = cache[pos] = list(propose(tokens[: base + pos], k_cap))
-                proposal = full[:k]
-            accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
-            pos += accepted + 1
-            steps += 1
-            drafted += len(proposal)
-        out[k] = (steps, drafted)
-    return out
-
-
-def trace_profiles(traces: Sequence[RequestTrace], proposers: Mapping[str, Proposer],
-                   ks: Sequence[int]) -> dict[str, dict[tuple[str, int], Profile]]:
-    """Per category, per (method, k): E and D pooled over its requests (sum tokens / sum steps)."""
-    k_cap = max(ks, default=0)
-    acc: dict[tuple[str, str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # tokens, steps, drafted
-    for tr in traces:
-        if len(tr.output) < 2:
-            continue
-        for method, propose in proposers.items():
-            for k, (steps, drafted) in score_request(tr, propose, ks, k_cap).items():
-                a = acc[(tr.category, method, k)]
-                a[0] += len(tr.output) - 1
-                a[1] += steps
-                a[2] += drafted
-    out: dict[str, dict[tuple[str, int], Profile]] = defaultdict(dict)
-    for (cat, method, k), (tokens, steps, drafted) in acc.items():
-        if steps:
-            out[cat][(method, k)] = Profile(method, k, tokens / steps, drafted / steps, "trace")
-    return dict(out)
-
-
-def trace_histograms(trace: RequestTrace, propose: Proposer, k: int) -> list[tuple[int, int]]:
-    """(drafted, accepted) of every decode step when the request runs at ``k`` (for per-position traces)."""
-    tokens = np.asarray(trace.prompt + trace.output, dtype=np.int32)
-    base, length = len(trace.prompt), len(trace.output)
-    pos, out = 1, []
-    while pos < length:
-        proposal = list(propose(tokens[: base + pos], k))[:k] if k > 0 else []
-        accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
-        if proposal:
-            out.append((len(proposal), accepted))
-        pos += accepted + 1
-    return out
-
-
 # --- telemetry ---------------------------------------------------------------------------------------------
 def _engine_method(batches: Sequence[TelemetryBatch]) -> str:
     return batches[-1].spec.method if batches else METHOD_OFF
-
-
-def _real(method: str, engine: str) -> str:
-    return engine if method == METHOD_ENGINE else method
 
 
 def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
@@ -206,7 +127,7 @@ def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
                 committed[cs.category] += cs.requests + acc
                 req_steps[cs.category] += cs.requests
                 drafted[cs.category] += sum(h.draft_tokens for h in cs.hists)
-                methods[cs.category][_real(cs.method, engine)] += cs.requests
+                methods[cs.category][resolve(cs.method, engine)] += cs.requests
     recorded = {}
     for c, r in req_steps.items():
         if r > 0:
@@ -225,7 +146,7 @@ def acceptance(batches: Sequence[TelemetryBatch]) -> tuple[dict[str, dict[str, A
     for b in batches:
         for st in b.steps:
             for cs in st.categories:
-                m = _real(cs.method, engine)
+                m = resolve(cs.method, engine)
                 entries = [(m, False, cs.hists)] if m != METHOD_OFF else []
                 entries += [(cm, True, hs) for cm, hs in cs.counterfactual.items()]
                 if m != METHOD_OFF:
@@ -288,18 +209,17 @@ def merge_profiles(primary: Mapping[str, Mapping[tuple[str, int], Profile]],
 # --- the estimate ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepLoad:
-    """The mean engine step of the recorded work under one choice."""
+    """The mean engine step of the recorded work under one choice (the work's accounting, e.g. to fit a cost)."""
 
     steps: float  # S: engine steps for the whole work
     batch_size: float  # B
     tokens: float  # N: scheduled tokens per step
     free: float  # F: model-free draft tokens per step
-    depth: int  # d: model-based drafting depth
     request_steps: Mapping[str, float]  # R_c
 
 
 def step_load(work: Workload, choice: Mapping[str, Profile], batch_size: float | None = None) -> StepLoad:
-    """S, N, F, d of the work model (see the module docstring); categories missing from ``choice`` are off."""
+    """S, N, F of the work model (see the module docstring); categories missing from ``choice`` are off."""
     b = float(batch_size or work.batch_size or 1.0)
     cats = [c for c, v in work.committed.items() if v > 0]
     prof = [choice.get(c, OFF) for c in cats]
@@ -307,8 +227,25 @@ def step_load(work: Workload, choice: Mapping[str, Profile], batch_size: float |
     steps = max(sum(r.values()) / b, 1e-12)
     n_tok = (work.prefill_tokens + sum(r[c] * (1.0 + p.d) for c, p in zip(cats, prof))) / steps
     free = sum(r[c] * p.d for c, p in zip(cats, prof) if is_model_free(p.method)) / steps
-    depth = max((p.k for p in prof if p.k > 0 and not is_model_free(p.method)), default=0)
-    return StepLoad(steps, b, n_tok, free, depth, r)
+    return StepLoad(steps, b, n_tok, free, r)
+
+
+def _option_rows(profiles: Sequence[Profile]) -> Options:
+    return Options.of([(p.k, max(p.e, 1e-9), p.d, is_model_free(p.method), p.method) for p in profiles])
+
+
+def batch_model(work: Workload, options: Mapping[str, Sequence[Profile]], cost: CostCoefficients,
+                batch_size: float | None = None) -> BatchModel:
+    """The recorded work as the policy's batch model: category c holds slots in proportion to C_c / E_c, prefill
+    rides along at P / sum C tokens per committed token; ``options[c]`` the profiles a search may pick from."""
+    b = float(batch_size or work.batch_size or 1.0)
+    cats = [c for c in work.categories if work.committed[c] > 0]
+    total = sum(work.committed[c] for c in cats)
+    opts = [_option_rows(options[c]) for c in cats]
+    k_max = max((int(o.k.max()) for o in opts), default=0)
+    return BatchModel(cats, [b * work.committed[c] / total for c in cats], opts, [True] * len(cats),
+                      Prefill.steady(rate=work.prefill_tokens / total), cost, k_max,
+                      demand=[work.committed[c] for c in cats])
 
 
 def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficients,
@@ -316,10 +253,9 @@ def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficien
     """Goodput of the recorded work with each category at ``choice[c]`` (missing categories: off)."""
     if not any(v > 0 for v in work.committed.values()):
         return Estimate(0.0, 0.0, {})
-    load = step_load(work, choice, batch_size)
-    t = cost.step_time(load.batch_size, load.tokens, load.depth, load.free)
-    good = sum(work.committed.values()) / (load.steps * t)
-    return Estimate(good, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in load.request_steps})
+    model = batch_model(work, {c: [choice.get(c, OFF)] for c in work.categories}, cost, batch_size)
+    g, t = model.goodput(np.zeros(len(model.names), dtype=int))
+    return Estimate(g, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in model.names})
 
 
 def profile_for(profiles: Mapping[str, Mapping[tuple[str, int], Profile]], category: str, method: str,
@@ -345,30 +281,21 @@ def options(profiles: Mapping[tuple[str, int], Profile]) -> list[Profile]:
 
 def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], cost: CostCoefficients,
                 batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = ()) -> dict[str, Profile]:
-    """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch.
+    """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch, found
+    by the policy's own search (:mod:`controller.core.model.search`), also restarted from ``starts`` (e.g. every
+    uniform k)."""
+    if not any(v > 0 for v in work.committed.values()):
+        return {c: OFF for c in work.categories}
+    opts = {c: options(profiles.get(c, {})) for c in work.categories}
+    model = batch_model(work, opts, cost, batch_size)
+    points = [np.array([_position(opts[c], s.get(c, OFF)) for c in model.names]) for s in starts]
+    cfg = search(model, int(model.levels[-1]), None, points)
+    best = {c: opts[c][int(j)] for c, j in zip(model.names, cfg)}
+    return {c: best.get(c, OFF) for c in work.categories}
 
-    Coordinate ascent over categories (the batch couples them through the step time), restarted from all
-    off, from ``starts`` (e.g. every uniform k), keeping the best end point.
-    """
-    cats = list(work.categories)
-    opts = {c: options(profiles.get(c, {})) for c in cats}
-    best, best_g = None, -1.0
-    for start in itertools.chain([{c: OFF for c in cats}], starts):
-        cur = {c: start.get(c, OFF) for c in cats}
-        g = estimate(work, cur, cost, batch_size).goodput
-        for _ in range(50):
-            moved = False
-            for c in cats:
-                for p in opts[c]:
-                    trial = {**cur, c: p}
-                    gt = estimate(work, trial, cost, batch_size).goodput
-                    if gt > g * (1 + 1e-12):
-                        cur, g, moved = trial, gt, True
-            if not moved:
-                break
-        if g > best_g:
-            best, best_g = cur, g
-    return best or {}
+
+def _position(opts: Sequence[Profile], p: Profile) -> int:
+    return next((i for i, q in enumerate(opts) if (q.method, q.k) == (p.method, p.k) or (q.k == 0 and p.k == 0)), 0)
 
 
 # --- SGLang-style EMA tiers over the recorded steps --------------------------------------------------------------

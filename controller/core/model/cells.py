@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.core.cost import CostCoefficients
-from controller.core.estimator import decay_factor
+from controller.core.decay import Decayed
 
 #: Upper edges of the batch buckets (requests per step). Powers of two and their midpoints up to 512: vLLM's
 #: capture sizes are multiples of 8 above 8, so a bucket's steps replay few distinct graphs.
@@ -90,22 +90,20 @@ class CellView:
         return self.step_s[i], self.steps[i]
 
 
-class CellTable:
+class CellTable(Decayed):
     """Decayed sums per (bucket, width); :meth:`view` gives the smoothed, prior-shrunk estimates."""
+
+    _decayed = ("sums",)
 
     def __init__(self, edges: Sequence[int] = BATCH_EDGES) -> None:
         self.edges = tuple(edges)
         self.sums: dict[tuple[int, int], list[float]] = {}  # (bucket, width) -> [seconds, steps]
-        self.t: float | None = None
+        self.t_last: float | None = None
 
-    def decay_to(self, now: float, half_life_s: float) -> None:
-        if self.t is not None and now > self.t:
-            f = decay_factor(now - self.t, half_life_s)
-            for cell in self.sums.values():
-                cell[0] *= f
-                cell[1] *= f
-        if self.t is None or now > self.t:
-            self.t = now
+    @property
+    def t(self) -> float | None:
+        """The time the sums were last aged to (the snapshot's field name)."""
+        return self.t_last
 
     def add(self, n: int, width: int, seconds: float) -> None:
         if n <= 0 or width < 0 or not (MIN_STEP_S <= seconds <= MAX_STEP_S):
@@ -156,14 +154,14 @@ class CellTable:
                         step_s=tuple(tuple(r) for r in step_s), steps=tuple(tuple(r) for r in steps))
 
     def to_dict(self) -> dict:
-        return {"edges": list(self.edges), "t": self.t,
+        return {"edges": list(self.edges), "t": self.t_last,
                 "cells": [[b, w, s, c] for (b, w), (s, c) in sorted(self.sums.items())]}
 
     @classmethod
     def from_dict(cls, d: dict) -> CellTable:
         table = cls(tuple(int(e) for e in d.get("edges", BATCH_EDGES)))
         t = d.get("t")
-        table.t = float(t) if t is not None and math.isfinite(float(t)) else None
+        table.t_last = float(t) if t is not None and math.isfinite(float(t)) else None
         for b, w, s, c in d.get("cells", []):
             b, w, s, c = int(b), int(w), float(s), float(c)
             if 0 <= b < len(table.edges) and 0 <= w and math.isfinite(s) and math.isfinite(c) and s >= 0 and c >= 0:

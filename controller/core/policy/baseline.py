@@ -22,7 +22,8 @@ def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:
     t_plain = snap.cost.step_time(n, snap.extra_tokens + n)
 
     def one(name: str) -> CategoryDecision:
-        return CategoryDecision(name, k, method, "default", "engine static config", 0.0, 0.0, k, k)
+        return CategoryDecision(name=name, k=k, method=method, source="default", reason="engine static config",
+                                expected_committed=0.0, speedup=0.0, adapt_k_min=k, adapt_k_max=k)
 
-    return Decision(tuple(one(c.name) for c in snap.categories), one("_default"), n, 0.0, n / t_plain,
-                    t * 1e3, t_plain * 1e3)
+    return Decision(categories=tuple(one(c.name) for c in snap.categories), default=one("_default"), batch_size=n,
+                    goodput=0.0, plain_goodput=n / t_plain, step_ms=t * 1e3, plain_step_ms=t_plain * 1e3)

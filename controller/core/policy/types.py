@@ -69,7 +69,7 @@ class PolicySnapshot:
     mixed_penalty: float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KRow:
     """Goodput if this category ran at ``k`` (best usable method for that k), the rest of the batch fixed."""
 
@@ -81,7 +81,7 @@ class KRow:
     speedup: float  # batch goodput over plain decoding
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CategoryDecision:
     name: str
     k: int
@@ -103,7 +103,7 @@ class CategoryDecision:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     categories: tuple[CategoryDecision, ...]
     default: CategoryDecision

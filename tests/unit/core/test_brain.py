@@ -297,7 +297,8 @@ def test_an_engine_with_full_cuda_graphs_starts_without_adaptation_bands(full_gr
 
 
 def test_decision_periods_differ_per_engine_and_stay_near_the_interval():
-    from controller.core.brain import _key, refresh_interval
+    from controller.core.stages.decide import key as _key
+    from controller.core.stages.decide import refresh_interval
     periods = [refresh_interval(_key("m", SPEC, f"engine-{i}"), 2.0) for i in range(64)]
     assert all(1.5 <= p < 2.5 for p in periods)
     assert len({round(p, 6) for p in periods}) == 64  # no two engines share a period
@@ -306,7 +307,8 @@ def test_decision_periods_differ_per_engine_and_stay_near_the_interval():
 
 
 def test_a_decision_is_kept_until_its_own_period_runs_out():
-    from controller.core.brain import _key, refresh_interval
+    from controller.core.stages.decide import key as _key
+    from controller.core.stages.decide import refresh_interval
     b = brain()
     b.ingest(batch([step([cat_step("code", 4, [0.8] * 4)])] * 20, 0), 0.0)
     period = refresh_interval(_key("m", SPEC, "e1"), b.config.policy.interval_s)

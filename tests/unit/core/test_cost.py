@@ -11,11 +11,11 @@ from controller.core.cost import (
     PREFILL,
     PRESETS,
     UNIFORM,
-    OnlineCostModel,
     roofline_from_h200,
     step_kind,
     step_shape,
 )
+from controller.core.cost_fit import OnlineCostModel
 from controller.protocol import StepRecord
 from tests.unit.core.factories import cat_step, step
 
@@ -303,7 +303,8 @@ def test_the_penalty_prior_holds_until_steps_speak():
 def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
     """Steps at the edge of the protocol's ranges: the fit neither raises (a singular system) nor prices a
     step at zero (every goodput would divide by it)."""
-    from controller.core.cost import MIN_BASE_S, PLAIN, UNIFORM, OnlineCostModel
+    from controller.core.cost import PLAIN, UNIFORM
+    from controller.core.cost_fit import MIN_BASE_S
 
     for kind in (PLAIN, UNIFORM):
         m = OnlineCostModel(PRESETS["h200"], 10.0)

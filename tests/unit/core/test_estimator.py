@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
+from controller.core.decay import decay_factor
 from controller.core.estimator import (
     AcceptanceEstimator,
-    decay_factor,
     expected_committed,
     positions_from_hist,
     wilson_interval,

@@ -1,0 +1,123 @@
+"""One batch model: the policy's scorer, ``specctl replay``'s estimate and the simulator's oracle price a
+configuration with the same number, and that number is the closed form of controller/core/model/batch.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.sim import oracle
+from bench.sim.profiles import CategoryProfile, Trace
+from controller.core import whatif
+from controller.core.config import PolicySettings
+from controller.core.cost import CPU, H200, CostCoefficients
+from controller.core.policy import goodput
+from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+
+K_MAX = 6
+ENGINE, FREE = "draft_model", "ngram"
+#: name: (share of arrivals, output tokens, acceptance per position of the engine's drafter, of n-gram)
+CATEGORIES = {
+    "code": (0.3, 200, (0.85, 0.8, 0.78, 0.75, 0.7, 0.7), (0.6, 0.5, 0.5, 0.4, 0.4, 0.4)),
+    "chat": (0.4, 100, (0.4, 0.3, 0.25, 0.2, 0.2, 0.2), (0.1, 0.1, 0.1, 0.1, 0.1, 0.1)),
+    "edit": (0.2, 300, (0.6, 0.5, 0.5, 0.5, 0.5, 0.5), (0.95, 0.9, 0.9, 0.9, 0.85, 0.85)),
+    "json": (0.1, 50, (0.9, 0.9, 0.85, 0.8, 0.8, 0.8), (0.3, 0.3, 0.3, 0.3, 0.3, 0.3)),
+}
+PROMPT_TOKENS = 128
+
+
+def e_of(betas, k: int) -> float:
+    return 1.0 + float(np.sum(np.cumprod(betas[:k])))
+
+
+def demand() -> dict[str, float]:
+    return {c: s * length for c, (s, length, _, _) in CATEGORIES.items()}
+
+
+def rho() -> float:
+    """Prompt tokens per committed token of the workload."""
+    return PROMPT_TOKENS * sum(s for s, *_ in CATEGORIES.values()) / sum(demand().values())
+
+
+def via_policy(choice, batch: float, cost: CostCoefficients) -> float:
+    cats = tuple(CategoryInput(name, batch * s, (
+        MethodProfile(ENGINE, eng, 1e4, False, False), MethodProfile(FREE, free, 1e4, True, True)),
+        committed=demand()[name]) for name, (s, _, eng, free) in CATEGORIES.items())
+    snap = PolicySnapshot(categories=cats, pooled=(), batch_size=batch, extra_tokens=0.0, cost=cost, k_max=K_MAX,
+                          engine_method=ENGINE, methods=(ENGINE, FREE), extra_per_committed=rho())
+    g, _ = goodput.score(snap, PolicySettings(), {c: Choice(k, m if k else "off") for c, (k, m) in choice.items()})
+    return g
+
+
+def via_replay(choice, batch: float, cost: CostCoefficients) -> float:
+    committed = {c: 1000.0 * w for c, w in demand().items()}
+    work = whatif.Workload(committed, rho() * sum(committed.values()), batch, 0, 0.0)
+    picked = {}
+    for c, (k, m) in choice.items():
+        betas = CATEGORIES[c][2 if m == ENGINE else 3]
+        picked[c] = whatif.Profile(m, k, e_of(betas, k), float(k), "telemetry") if k else whatif.OFF
+    return whatif.estimate(work, picked, cost, batch).goodput
+
+
+def oracle_inputs() -> tuple[Trace, np.ndarray]:
+    cats = tuple(CategoryProfile(c, s, length, 0.0, {"engine": np.array(eng), FREE: np.array(free)})
+                 for c, (s, length, eng, free) in CATEGORIES.items())
+    exp = np.array([[[e_of(betas, k) for k in range(K_MAX + 1)] for betas in (c[2], c[3])]
+                    for c in CATEGORIES.values()])
+    return Trace("t", "test", ENGINE, K_MAX, (FREE,), PROMPT_TOKENS, cats), exp
+
+
+def via_oracle(choice, batch: float, cost: CostCoefficients) -> float:
+    trace, exp = oracle_inputs()
+    cfg = np.array([[(k, 0 if m == ENGINE else 1) for k, m in choice.values()]])
+    return float(oracle.goodput(trace, exp, cost, int(batch), cfg)[0])
+
+
+def closed_form(choice, batch: float, cost: CostCoefficients) -> float:
+    """The formula of controller/core/model/batch.py, written out for one configuration (no spread, factors 1)."""
+    w = demand()
+    e = {c: e_of(CATEGORIES[c][2 if m == ENGINE else 3], k) if k else 1.0 for c, (k, m) in choice.items()}
+    slots = {c: w[c] / e[c] for c in w}
+    n_c = {c: batch * slots[c] / sum(slots.values()) for c in w}
+    committed = sum(n_c[c] * e[c] for c in w)
+    tokens = sum(n_c[c] * (1 + choice[c][0]) for c in w) + rho() * committed
+    free = sum(n_c[c] * choice[c][0] for c in w if choice[c][1] == FREE)
+    t = cost.base + cost.per_request * batch + cost.per_token * tokens
+    t += cost.per_token_above_knee * max(tokens - cost.knee, 0.0) + cost.free_draft_token * free
+    for x in range(K_MAX):  # P(depth > x) pays the pass at depth x + 1 (and the fixed part at x = 0)
+        below = sum(n_c[c] for c, (k, m) in choice.items() if m != ENGINE or k <= x) / batch
+        above = 1.0 - below ** batch
+        t += above * (cost.draft_pass + cost.draft_pass_per_request * batch)
+        if x == 0:
+            t += above * (cost.draft_fixed + cost.draft_fixed_per_request * batch)
+    return committed / t
+
+
+CHOICES = [
+    {"code": (4, ENGINE), "chat": (1, ENGINE), "edit": (3, FREE), "json": (0, "off")},  # mixed k and drafters
+    {"code": (6, ENGINE), "chat": (0, "off"), "edit": (6, FREE), "json": (2, ENGINE)},
+    {"code": (0, "off"), "chat": (0, "off"), "edit": (0, "off"), "json": (0, "off")},  # plain decoding
+    {"code": (2, FREE), "chat": (1, FREE), "edit": (5, FREE), "json": (1, FREE)},  # model-free only
+]
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+@pytest.mark.parametrize(("batch", "cost"), [(1, H200), (8, H200), (64, H200), (256, H200), (16, CPU)])
+def test_policy_replay_and_oracle_price_a_configuration_alike(choice, batch, cost) -> None:
+    want = closed_form(choice, float(batch), cost)
+    got = {"policy": via_policy(choice, float(batch), cost), "replay": via_replay(choice, float(batch), cost),
+           "oracle": via_oracle(choice, float(batch), cost)}
+    assert got == pytest.approx({k: want for k in got}, rel=1e-9)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 32, 256])
+def test_the_search_finds_what_the_oracle_s_exhaustive_ranking_finds(batch) -> None:
+    """Replay's hindsight choice (the policy's coordinate ascent) reaches the best of all 13**4 configurations."""
+    committed = {c: 1000.0 * w for c, w in demand().items()}
+    work = whatif.Workload(committed, rho() * sum(committed.values()), float(batch), 0, 0.0)
+    profiles = {c: {(m, k): whatif.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "t")
+                    for m in (ENGINE, FREE) for k in range(1, K_MAX + 1)} for c in CATEGORIES}
+    searched = whatif.estimate(work, whatif.best_static(work, profiles, H200), H200).goodput
+    trace, exp = oracle_inputs()
+    ((exhaustive, _),) = oracle.best_static(trace, exp, H200, batch, top=1)
+    assert searched == pytest.approx(exhaustive, rel=1e-9)
