@@ -47,9 +47,9 @@ def engine_row(i: int) -> StepRow:
     agg = {}
     for j, cat in enumerate(CATEGORIES):
         entry = agg[(cat, "ngram")] = new_entry()
-        entry[0] = 1
+        entry.requests = 1
         k = 1 + (i + j) % 8
-        add_draft(entry[1], k, (i * 7 + j) % (k + 1))
+        add_draft(entry.hists, k, (i * 7 + j) % (k + 1))
         add_counterfactual(entry, "suffix", k, (i + 3 * j) % (k + 1))
         add_attempt(entry, "suffix")
     return StepRow(t=float(i), wall_s=0.1, batch_size=8, scheduled_tokens=30, draft_tokens=22, prefill_tokens=0,

@@ -459,11 +459,11 @@ class SpecHook:
                     entry = agg.get(key)
                     if entry is None:
                         entry = agg[key] = new_entry()
-                    entry[0] += 1
+                    entry.requests += 1
                     if drafted > 0:
-                        bucket = entry[1].get(drafted)
+                        bucket = entry.hists.get(drafted)
                         if bucket is None:
-                            bucket = entry[1][drafted] = [0] * (drafted + 1)
+                            bucket = entry.hists[drafted] = [0] * (drafted + 1)
                         bucket[accepted] += 1
                     if state.adaptive:
                         next_k(state.adapt, drafted, accepted, state.rule.adapt)
@@ -472,7 +472,7 @@ class SpecHook:
             entry = agg.get(key)
             if entry is None:
                 entry = agg[key] = new_entry()
-            entry[0] += 1
+            entry.requests += 1
             if generated and state.adaptive:
                 next_k(state.adapt, 0, 0, state.rule.adapt)
         step.output = draft_tokens  # the output object is no longer needed; keep the count

@@ -5,8 +5,8 @@ allocation per draft) and appends it to a :class:`StepQueue`; the reporter threa
 rows into :class:`~controller.protocol.StepRecord`-shaped dicts (:func:`row_to_wire`). Appending is one
 ``deque.append`` (thread-safe, O(1)); a full queue drops its oldest row and counts it.
 
-Aggregation per step, keyed by ``(category, method)``: ``[requests, hists, counterfactual, attempts]``
-where ``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the
+Aggregation per step, keyed by ``(category, method)``: a :class:`CategoryTally` (requests, hists,
+counterfactual, attempts) where ``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the
 protocol's :class:`~controller.protocol.DraftHistogram` -- ``counterfactual[method][k][j]`` the same for
 model-free drafters scored against the tokens the target produced, and ``attempts[method]`` the proposals
 tried for that scoring, matched or not (the match rate's denominator).
@@ -19,9 +19,23 @@ from typing import Any, NamedTuple
 
 from controller import protocol
 
-#: ``(category, method) -> [requests, {k: accepted-buckets}, {method: {k: accepted-buckets}} | None,
-#: {method: attempts} | None]``
-Aggregate = dict[tuple[str, str], list[Any]]
+
+class CategoryTally:
+    """One (category, method)'s counts in one step. A slotted record, not a dataclass: the hook creates and
+    updates one per (category, method) in its per-request loop, where attribute access on slots costs what a
+    list index does."""
+
+    __slots__ = ("attempts", "counterfactual", "hists", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0  # requests of the step in this (category, method)
+        self.hists: dict[int, list[int]] = {}  # drafts scheduled -> requests per accepted count
+        self.counterfactual: dict[str, dict[int, list[int]]] | None = None  # method -> hists of its proposals
+        self.attempts: dict[str, int] | None = None  # method -> counterfactual proposals tried
+
+
+#: ``(category, method) -> CategoryTally``
+Aggregate = dict[tuple[str, str], CategoryTally]
 
 
 class StepRow(NamedTuple):
@@ -37,8 +51,8 @@ class StepRow(NamedTuple):
     interval_s: float | None = None  # seconds since the previous step ended, on a busy engine
 
 
-def new_entry() -> list[Any]:
-    return [0, {}, None, None]
+def new_entry() -> CategoryTally:
+    return CategoryTally()
 
 
 def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
@@ -49,21 +63,21 @@ def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
     bucket[min(drafted, accepted)] += 1
 
 
-def add_counterfactual(entry: list[Any], method: str, drafted: int, accepted: int) -> None:
-    cf = entry[2]
+def add_counterfactual(entry: CategoryTally, method: str, drafted: int, accepted: int) -> None:
+    cf = entry.counterfactual
     if cf is None:
-        cf = entry[2] = {}
+        cf = entry.counterfactual = {}
     hists = cf.get(method)
     if hists is None:
         hists = cf[method] = {}
     add_draft(hists, drafted, accepted)
 
 
-def add_attempt(entry: list[Any], method: str) -> None:
+def add_attempt(entry: CategoryTally, method: str) -> None:
     """Count one counterfactual proposal tried for ``method``, whether it found a match or not."""
-    attempts = entry[3]
+    attempts = entry.attempts
     if attempts is None:
-        attempts = entry[3] = {}
+        attempts = entry.attempts = {}
     attempts[method] = attempts.get(method, 0) + 1
 
 
@@ -108,12 +122,13 @@ def _hists_to_wire(hists: dict[int, list[int]]) -> list[dict[str, Any]]:
 def row_to_wire(row: StepRow) -> dict[str, Any]:
     """A :class:`StepRow` as a :class:`~controller.protocol.StepRecord` dict."""
     categories = []
-    for (category, method), (requests, hists, cf, attempts) in row.agg.items():
+    for (category, method), tally in row.agg.items():
+        cf, attempts = tally.counterfactual, tally.attempts
         entry: dict[str, Any] = {
             "category": category,
             "method": method,
-            "requests": requests,
-            "hists": _hists_to_wire(hists),
+            "requests": tally.requests,
+            "hists": _hists_to_wire(tally.hists),
         }
         if cf:
             entry["counterfactual"] = {m: _hists_to_wire(h) for m, h in cf.items() if h}

@@ -57,7 +57,7 @@ class WidthChooser:
             sums[0] *= FAST_DECAY
             sums[1] *= FAST_DECAY
         for (category, _method), entry in agg.items():
-            hists = entry[1]
+            hists = entry.hists
             if not hists:
                 continue
             sums = self._fast.get(category)

@@ -13,7 +13,7 @@ from controller import protocol
 from engine_patch.policy_table import EngineSpec, PolicyHolder
 from engine_patch.reporter import Identity, Reporter
 from engine_patch.settings import EngineSettings
-from engine_patch.telemetry import StepQueue, StepRow
+from engine_patch.telemetry import StepQueue, StepRow, new_entry
 
 ENGINE = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 TOKEN = "ing-0123456789abcdef"
@@ -73,8 +73,11 @@ def make(script, engine: EngineSpec = ENGINE, **settings) -> tuple[Reporter, Fak
 
 
 def row(t: float = 1.0) -> StepRow:
-    agg = {("json", "ngram"): [2, {2: [0, 1, 1]}, {"suffix": {3: [1, 0, 0, 0]}}, {"suffix": 4}],
-           ("default", "off"): [1, {}, None, None]}
+    json_tally, default_tally = new_entry(), new_entry()
+    json_tally.requests, json_tally.hists = 2, {2: [0, 1, 1]}
+    json_tally.counterfactual, json_tally.attempts = {"suffix": {3: [1, 0, 0, 0]}}, {"suffix": 4}
+    default_tally.requests = 1
+    agg = {("json", "ngram"): json_tally, ("default", "off"): default_tally}
     return StepRow(t=t, wall_s=0.01, batch_size=3, scheduled_tokens=9, draft_tokens=4, prefill_tokens=2,
                    draft_depth=2, agg=agg)
 

@@ -7,7 +7,7 @@ from engine_rig import Rig
 from controller import protocol
 from controller.core.model.widths import geometric_lengths
 from engine_patch.policy_table import EngineSpec
-from engine_patch.telemetry import row_to_wire
+from engine_patch.telemetry import new_entry, row_to_wire
 from engine_patch.widths import WidthChooser
 
 CP = protocol.CategoryPolicy
@@ -98,7 +98,9 @@ def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
     table = rig.holder.current(rig.clock())
     assert chooser.curve("json", table) == tuple(HIGH)
     for _ in range(200):  # this engine sees every draft rejected
-        chooser.observe({("json", "eagle3"): [1, {7: [1, 0, 0, 0, 0, 0, 0, 0]}, None, None]})
+        tally = new_entry()
+        tally.requests, tally.hists = 1, {7: [1, 0, 0, 0, 0, 0, 0, 0]}
+        chooser.observe({("json", "eagle3"): tally})
     blended = chooser.curve("json", table)
     assert blended[7] < HIGH[7] and blended[7] >= 0.5 * HIGH[7] + 0.5 * 1.0 - 1e-9
 
