@@ -40,6 +40,7 @@ class StepResult:
     decoding: np.ndarray  # per slot: True if it decoded (False: prefill)
     cf_accepted: np.ndarray  # (slots, free methods) accepted at depth k_max, -1 where not scored
     finished: np.ndarray  # slots whose request finished this step (replaced before the next)
+    width: int | None = None  # graph-shaped engines: the width every decoding slot verified (decode steps only)
 
 
 class SimEngine:
@@ -83,6 +84,10 @@ class SimEngine:
         self.admitted[slot] = self.next_id
         self.next_id += 1
 
+    def step_seconds(self, batch: int, tokens: int, depth: int, free_tokens: float, prefill_tokens: int) -> float:
+        """Noise-free seconds of one step: the truth cost model (graph-shaped engines: the cell table)."""
+        return self.truth.step_time(batch, tokens, depth, free_tokens)
+
     def step(self, k: np.ndarray, method: np.ndarray) -> StepResult:
         b, kmax = self.batch, self.k_max
         decoding = ~self.prefill
@@ -110,7 +115,7 @@ class SimEngine:
         depth = int(engine_k.max()) if b else 0
         free_tokens = float(np.where(method > 0, k, 0).sum())
         tokens = int(decoding.sum()) + drafts + prefill_tokens
-        t = self.truth.step_time(b, tokens, depth, free_tokens)
+        t = self.step_seconds(b, tokens, depth, free_tokens, prefill_tokens)
         wall = t * float(np.exp(self.rng.normal(0.0, self.noise))) if self.noise > 0 else t
         self.remaining -= committed
         finished = self.remaining <= 0

@@ -35,8 +35,11 @@ BATCH_EDGES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PRIOR_STEPS = 5.0
 #: Cells whose measured seconds per step are outside these bounds are not physical step times.
 MIN_STEP_S, MAX_STEP_S = 1e-5, 60.0
-#: Weight of a measured cell of another width in the calibration of a prior (same width: 1). Widths share most
-#: of a step's cost (the weights, the KV reads); what they do not share is the draft pass and the extra tokens.
+#: Weight of a measured cell of another drafting width in the calibration of a prior (same width: 1). Drafting
+#: widths share most of a step's cost (the weights, the KV reads, the draft pass); what they do not share is the
+#: extra tokens. Width 0 and the drafting widths do not calibrate each other: a K = 0 step of a speculative
+#: engine carries the drafter's catch-up pass the preset does not model, so its ratio says nothing about a
+#: drafting step's (on the H200, K = 0 at 16 requests measured 1.26x the preset while K = 2 measured 0.85x).
 OTHER_WIDTH_WEIGHT = 0.25
 #: Bounds of the calibration factor: a preset can be off by a few times, not by orders of magnitude; beyond these
 #: the measurements are of a different machine and the cells' own steps must speak.
@@ -127,6 +130,8 @@ class CellTable(Decayed):
             for w in widths:
                 num = den = 0.0
                 for j, v, c, lr in logs:
+                    if (v == 0) != (w == 0):
+                        continue
                     weight = c * (1.0 if v == w else OTHER_WIDTH_WEIGHT) / (1.0 + abs(i - j)) ** 2
                     num += weight * lr
                     den += weight

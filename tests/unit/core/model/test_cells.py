@@ -70,6 +70,19 @@ def test_unmeasured_cells_inherit_the_calibration_of_measured_ones(measured, tar
     assert estimate == pytest.approx(_preset_times(factor, *target), rel=1e-6)
 
 
+def test_plain_and_drafting_widths_do_not_calibrate_each_other() -> None:
+    table = CellTable()
+    for _ in range(200):
+        table.add(16, 0, _preset_times(1.3, 16, 0))  # K = 0 dearer than the preset (the drafter's catch-up)
+    f = table.calibration(WIDTHS, H200)
+    assert f[(bucket_of(16), 0)] == pytest.approx(1.3) and f[(bucket_of(64), 0)] == pytest.approx(1.3)
+    assert all(f[(bucket_of(16), w)] == 1.0 for w in WIDTHS if w > 0)
+    for _ in range(200):
+        table.add(4, 4, _preset_times(0.7, 4, 4))
+    f = table.calibration(WIDTHS, H200)
+    assert f[(bucket_of(16), 2)] == pytest.approx(0.7) and f[(bucket_of(16), 0)] == pytest.approx(1.3)
+
+
 def test_near_cells_weigh_more_in_the_calibration() -> None:
     table = CellTable()
     for _ in range(100):
