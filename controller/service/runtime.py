@@ -2,35 +2,64 @@
 
 Built once per app in the lifespan (see :mod:`controller.service.app`), never at import time.
 
-Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``; the calls are
-short (no I/O) and run on the event loop or the metrics scrape. SQLite writes run in a worker thread
-(``fsync`` must not stall ingest); override changes are serialised by an asyncio lock so the in-memory
-table is always applied in the order the file committed it.
+Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. No call into it
+runs on the event loop: a batch's parse and merge and a decision refresh are CPU work of up to hundreds of
+ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock held by a worker thread would stall the
+loop that waits for it just the same. So every Brain call runs in a worker thread, through one capacity
+limiter of one token (:data:`BRAIN_THREADS`): calls from requests take their turn in arrival order (the
+limiter is FIFO, a ``threading.Lock`` is not), and the lock is still what the scrape's and the snapshot's
+threads take. SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes
+are serialised by an asyncio lock so the in-memory table is always applied in the order the file committed
+it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import re
 import sqlite3
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from anyio import to_thread
+from anyio import CapacityLimiter, to_thread
 
-from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestResult
+from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
 from controller.core.config import BrainConfig
 from controller.core.overrides import Override, active_overrides
-from controller.protocol import Policy, SpecConfig, TelemetryBatch
+from controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
 from controller.service.clock import Clock
+from controller.service.errors import BadInput, parse_json
 from controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
 
 #: Pause of a scrape's worker thread between two models' rows (lets a waiting ingest take the Brain lock).
 SCRAPE_YIELD_S = 0.0005
+#: Worker threads for requests' Brain calls: they serialise on the Brain lock anyway, so a second thread would
+#: only wait on it (and, the lock being unfair, could overtake a batch that arrived first).
+BRAIN_THREADS = 1
+
+T = TypeVar("T")
+_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
+
+
+def engine_id_of(raw: bytes) -> str | None:
+    """Best-effort engine id of a refused batch, so the rejection is counted against its engine."""
+    try:
+        value = json.loads(raw).get("engine_id")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, str) and _ENGINE_ID.match(value) else None
+
+
+def json_bytes(value: Any) -> bytes:
+    """What FastAPI's JSONResponse would send for ``value`` (plain JSON types), written by the C encoder."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
@@ -121,23 +150,46 @@ class Runtime:
         self.store_error: str | None = None
         self.internal_errors = 0
         self.client_disconnects = 0
-        self._acks = AckEncoder()
+        self._acks = AckEncoder()  # used under the Brain lock only
+        self._limiter: CapacityLimiter | None = None
         #: the opt-in telemetry recorder (:mod:`controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
 
-    # -- telemetry and policy (Brain, under its lock) -------------------------------------------------
+    # -- the Brain: every call in a worker thread, under its lock ------------------------------------
 
-    def ingest(self, batch: TelemetryBatch) -> bytes:
-        """Merge one batch; the :class:`TelemetryAck` (with the policy tailored to the sending engine) as JSON.
-
-        Raises :class:`controller.core.brain.IngestRejected` for a batch the Brain refuses.
-        """
-        now = self.clock.now()
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._brain_lock:
+            return fn(*args)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under the Brain lock in a worker thread, in arrival order. Not abandoned when the
+        request is cancelled (its client went away): a batch is merged whole or not at all."""
+        if self._limiter is None:  # built on first use: a limiter belongs to the running event loop
+            self._limiter = CapacityLimiter(BRAIN_THREADS)
+        return await to_thread.run_sync(self._locked, fn, *args, limiter=self._limiter)
+
+    # -- telemetry and policy ------------------------------------------------------------------------
+
+    async def ingest(self, raw: bytes) -> bytes:
+        """Parse and merge one batch's body; the :class:`TelemetryAck` (with the policy tailored to the sending
+        engine) as JSON. Raises :class:`BadInput` (400/422 for a body that does not validate, 409/422/429 for a
+        batch the Brain refuses), the refusal counted against the engine."""
+        return await self._off_loop(self._ingest, raw, self.clock.now())
+
+    def _ingest(self, raw: bytes, now: float) -> bytes:
+        try:
+            batch = parse_json(raw, TelemetryBatch, "telemetry batch")
+        except BadInput:
+            self._brain.record_rejected(engine_id_of(raw))
+            raise
+        try:
             result: IngestResult = self._brain.ingest(batch, now)
-            policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
-            self._log_decision_error()
+        except IngestRejected as exc:
+            self._brain.record_rejected(batch.engine_id)
+            raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
+        policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
+        self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
             self.recorder.submit(batch)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
@@ -150,37 +202,45 @@ class Runtime:
             log.error("decision not computable, serving the last good one",
                       extra={"model_name": failed[0], "error": failed[1]})
 
-    def record_rejected(self, engine_id: str | None) -> None:
-        with self._brain_lock:
-            self._brain.record_rejected(engine_id)
+    async def record_rejected(self, engine_id: str | None) -> None:
+        await self._off_loop(self._brain.record_rejected, engine_id)
 
-    def policy(self, model: str, spec: SpecConfig) -> Policy:
-        now = self.clock.now()
-        with self._brain_lock:
-            return self._brain.policy_for(model, spec, now)
+    async def policy(self, model: str, spec: SpecConfig, etag: Callable[[Policy], str]) -> tuple[Policy, str]:
+        """The policy for an engine of this shape, with its ``etag`` (a hash of its JSON, also worked out off
+        the loop)."""
+        def read(now: float) -> tuple[Policy, str]:
+            policy = self._brain.policy_for(model, spec, now)
+            self._log_decision_error()
+            return policy, etag(policy)
 
-    def categories(self) -> list[dict[str, Any]]:
-        now = self.clock.now()
-        with self._brain_lock:
+        return await self._off_loop(read, self.clock.now())
+
+    async def categories(self) -> bytes:
+        """Every category's view as JSON (a full budget's views are megabytes: encoded off the loop too)."""
+        def read(now: float) -> bytes:
             out = [_json_safe(view.to_dict()) for view in self._brain.categories(now)]
             self._log_decision_error()
-        return out
+            return json_bytes(out)
 
-    def category(self, name: str, model: str | None) -> dict[str, Any] | None:
-        now = self.clock.now()
-        with self._brain_lock:
+        return await self._off_loop(read, self.clock.now())
+
+    async def category(self, name: str, model: str | None) -> dict[str, Any] | None:
+        def read(now: float) -> dict[str, Any] | None:
             view = self._brain.category(name, now, model=model)
             self._log_decision_error()
             return None if view is None else _json_safe(view.to_dict())
 
-    def engines(self) -> list[dict[str, Any]]:
-        now = self.clock.now()
-        with self._brain_lock:
-            return [_json_safe(view.to_dict()) for view in self._brain.engines(now)]
+        return await self._off_loop(read, self.clock.now())
+
+    async def engines(self) -> bytes:
+        def read(now: float) -> bytes:
+            return json_bytes([_json_safe(view.to_dict()) for view in self._brain.engines(now)])
+
+        return await self._off_loop(read, self.clock.now())
 
     def metrics(self) -> Any:
         """The scrape's snapshot, built model by model with the Brain lock let go in between (called from a
-        worker thread: an ingest on the event loop waits for one model's rows at most, not for the scrape)."""
+        worker thread: an ingest waits for one model's rows at most, not for the scrape)."""
         now = self.clock.now()
         with self._brain_lock:
             models = self._brain.model_names()
@@ -189,7 +249,7 @@ class Runtime:
             with self._brain_lock:
                 parts.append(self._brain.model_metrics(model, now))
             # threading.Lock is not fair: without a pause this thread would take it straight back and an
-            # ingest waiting on the event loop would wait for every model in turn
+            # ingest waiting for it would wait for every model in turn
             time.sleep(SCRAPE_YIELD_S)
         with self._brain_lock:
             snapshot = self._brain.metrics(now, parts)
@@ -197,10 +257,12 @@ class Runtime:
         return snapshot
 
     def dump(self) -> dict[str, Any]:
+        """The learned state (from a worker thread or a test's thread, never the event loop)."""
         with self._brain_lock:
             return self._brain.dump()
 
     def series(self) -> int:
+        """The series charged (from a worker thread or a test's thread, never the event loop)."""
         with self._brain_lock:
             return self._brain.series
 
@@ -209,21 +271,24 @@ class Runtime:
     async def evict_idle(self) -> list[tuple[str, str]]:
         """Forget what was idle too long; tombstones are written so a restart does not bring it back."""
         now = self.clock.now()
-        with self._brain_lock:
-            evicted = self._brain.evict_idle(now)
+        evicted = await self._off_loop(self._brain.evict_idle, now)
         if evicted:
             await self._write(self.store.record_forgotten, evicted, now)
             log.info("idle state forgotten", extra={"count": len(evicted), "items": [f"{k}:{n}" for k, n in evicted[:20]]})
         return evicted
 
-    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> int | None:
+        """Forget one engine, model or (model, category); the series charged after, or None if it was unknown."""
         now = self.clock.now()
-        with self._brain_lock:
-            done = self._brain.forget(kind, name)
-        if done:
+
+        def drop() -> int | None:
+            return self._brain.series if self._brain.forget(kind, name) else None
+
+        series = await self._off_loop(drop)
+        if series is not None:
             await self._write(self.store.record_forgotten, [(kind, name)], now)
             log.info("state forgotten", extra={"kind": kind, "forgotten": name, "actor": actor, "reason": reason})
-        return done
+        return series
 
     # -- overrides (file first, then memory) ---------------------------------------------------------
 
@@ -232,15 +297,14 @@ class Runtime:
         active = active_overrides(list(self._overrides.values()), self.clock.now())
         return [active[name] for name in sorted(active)]
 
-    def _apply(self) -> None:
-        with self._brain_lock:
-            self._brain.set_overrides(list(self._overrides.values()))
+    async def _apply(self) -> None:
+        await self._off_loop(self._brain.set_overrides, list(self._overrides.values()))
 
     async def set_override(self, override: Override) -> AuditRecord:
         async with self._override_lock:
             record = await self._write(self.store.put_override, override)
             self._overrides[override.category] = override
-            self._apply()
+            await self._apply()
         log.info("override set", extra={"category": override.category, "actor": override.actor,
                                         "audit_id": record.id})
         return record
@@ -254,7 +318,7 @@ class Runtime:
                 lambda: self.store.delete_override(category, actor=actor, reason=reason, ts=self.clock.now())
             )
             self._overrides.pop(category, None)
-            self._apply()
+            await self._apply()
         if record is not None:
             log.info("override cleared", extra={"category": category, "actor": actor, "audit_id": record.id})
         return record
@@ -268,7 +332,7 @@ class Runtime:
             records = await self._write(self.store.expire_overrides, now)
             for record in records:
                 self._overrides.pop(record.category, None)
-            self._apply()
+            await self._apply()
         for record in records:
             log.info("override expired", extra={"category": record.category, "audit_id": record.id})
         return records
