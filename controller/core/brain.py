@@ -440,11 +440,20 @@ class Brain:
                      if e.cum.drafts + e.cf_cum.drafts >= need)
         return (len(ms.categories), usable)
 
+    def decision_due(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> bool:
+        """Whether :meth:`policy_for` would compute a decision now (CPU work: the service does it off its event
+        loop) rather than serve the cached one."""
+        key = _key(model, spec, engine_id)
+        return not self._fresh(key, self._decisions.get(key), self._signature(model), now)
+
+    def _fresh(self, key: _Key, cached: _Cached | None, signature: tuple[int, int], now: float) -> bool:
+        return cached is not None and 0 <= now - cached.computed_at < refresh_interval(
+            key, self.config.policy.interval_s) and cached.signature == signature
+
     def _decision(self, key: _Key, spec: SpecConfig, now: float) -> Decision:
         cached = self._decisions.get(key)
         signature = self._signature(key[0])
-        if cached is not None and 0 <= now - cached.computed_at < refresh_interval(key, self.config.policy.interval_s) \
-                and cached.signature == signature:
+        if self._fresh(key, cached, signature, now):
             return cached.decision
         try:
             snap = self._snapshot(key, spec, now, cached.decision if cached else None)
@@ -842,14 +851,20 @@ class Brain:
                                mal, betas, speedup, best)
 
     # -- persistence --------------------------------------------------------------------------------------------
-    def dump(self) -> dict:
+    def dump(self, models: dict | None = None) -> dict:
+        """Everything learned; ``models``: the models' parts when the caller dumped them one by one
+        (:meth:`dump_model`, so that a snapshot need not hold the service's lock for all of them at once)."""
         return {
             "format": DUMP_FORMAT, "version": DUMP_VERSION, "policy_version": self._version,
             "cost_preset": self.config.policy.cost_preset,
-            "models": {m: ms.to_dict() for m, ms in self._models.items()},
+            "models": {m: ms.to_dict() for m, ms in self._models.items()} if models is None else models,
             "engines": {e: b.to_dict() for e, b in self._engines.items()},
             "rejected_unknown": self._rejected_unknown,
         }
+
+    def dump_model(self, model: str) -> dict | None:
+        ms = self._models.get(model)
+        return None if ms is None else ms.to_dict()
 
     @classmethod
     def load(cls, data: dict, config: BrainConfig) -> Brain:

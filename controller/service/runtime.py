@@ -2,13 +2,15 @@
 
 Built once per app in the lifespan (see :mod:`controller.service.app`), never at import time.
 
-Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. No call into it
-runs on the event loop: a batch's parse and merge and a decision refresh are CPU work of up to hundreds of
-ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock held by a worker thread would stall the
-loop that waits for it just the same. So every Brain call runs in a worker thread, through one capacity
-limiter of one token (:data:`BRAIN_THREADS`): calls from requests take their turn in arrival order (the
-limiter is FIFO, a ``threading.Lock`` is not), and the lock is still what the scrape's and the snapshot's
-threads take. SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes
+Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. The event loop never
+waits on CPU work of the Brain: a batch's parse and merge and a decision refresh are CPU work of up to
+hundreds of ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock held by a worker thread
+would stall a loop that waits for it just the same. So Brain calls run in a worker thread, through a
+capacity limiter of their own (:data:`BRAIN_THREADS`), and the lock is what the scrape's and the snapshot's
+threads take too. Whatever the order in which posts get the lock, each (engine, boot, seq) is merged at most
+once (the engine book decides it under the lock), and an ack is sent only after its batch was merged. The one exception is the common telemetry post, merged and answered on the loop
+when it is small and its decision cached, after waiting for the lock as a task (:class:`BrainLock`,
+:meth:`Runtime.ingest`). SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes
 are serialised by an asyncio lock so the in-memory table is always applied in the order the file committed
 it.
 """
@@ -40,9 +42,14 @@ log = logging.getLogger("controller.service")
 
 #: Pause of a scrape's worker thread between two models' rows (lets a waiting ingest take the Brain lock).
 SCRAPE_YIELD_S = 0.0005
-#: Worker threads for requests' Brain calls: they serialise on the Brain lock anyway, so a second thread would
-#: only wait on it (and, the lock being unfair, could overtake a batch that arrived first).
-BRAIN_THREADS = 1
+#: Worker threads for requests' Brain calls (a decision due, a large batch, a read). They serialise on the
+#: Brain lock, but a thread first waits for the GIL the busy loop holds (up to the 5 ms switch interval), and
+#: with one thread those waits queued up behind each other (load benchmark, docs/reliability.md#load). Their
+#: own limiter, so that they never take the threads the store's writes and the scrapes use.
+BRAIN_THREADS = 4
+#: Bodies up to this size may be merged on the event loop (at most a few ms of CPU, measured in
+#: docs/reliability.md); larger ones are parsed and merged in a worker thread.
+INLINE_BODY_BYTES = 8 * 1024
 
 T = TypeVar("T")
 _ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
@@ -137,11 +144,73 @@ class AckEncoder:
         return data
 
 
+class BrainLock:
+    """The Brain's lock: worker threads take it with ``with``; the event loop awaits :meth:`acquire_async`,
+    which never blocks the loop (a post waits as a task while a scrape's or a snapshot's thread holds it).
+
+    A thread waiting for the lock goes first: the loop would otherwise take it back post after post (a
+    ``threading.Lock`` is not fair, and the woken thread needs the GIL the loop holds), and a decision being
+    computed in a thread waited a second and more under load. Posts that found the lock held used to go to a
+    worker thread instead, which under load was a convoy: the thread then held the lock post after post,
+    every later post found it held too and paid for the thread's hop (load benchmark: 1.1 ms of CPU per post
+    instead of 0.9, p99 290 ms). A release wakes the loop's waiters, which then try again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = threading.Lock()  # guards _threads
+        self._threads = 0  # threads blocked in __enter__
+        self._waiters = 0  # tasks in acquire_async
+        self._released: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __enter__(self) -> None:
+        if self._lock.acquire(blocking=False):
+            return
+        with self._count:
+            self._threads += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._count:
+                self._threads -= 1
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def release(self) -> None:
+        self._lock.release()
+        # a waiter counts itself before trying the lock, so one that just failed is seen here
+        if self._waiters and self._loop is not None and self._released is not None:
+            self._loop.call_soon_threadsafe(self._released.set)
+
+    def _try(self) -> bool:
+        return not self._threads and self._lock.acquire(blocking=False)
+
+    async def acquire_async(self) -> None:
+        if self._try():
+            return
+        if self._released is None:
+            self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
+        self._waiters += 1
+        try:
+            while True:
+                self._released.clear()
+                if self._try():
+                    return
+                await self._released.wait()
+        finally:
+            self._waiters -= 1
+
+
 class Runtime:
     def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
                  snapshot_ts: float | None = None) -> None:
         self._brain = brain
-        self._brain_lock = threading.Lock()
+        self._brain_lock = BrainLock()
         self._override_lock = asyncio.Lock()
         self.store = store
         self.clock = clock
@@ -163,7 +232,7 @@ class Runtime:
             return fn(*args)
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` under the Brain lock in a worker thread, in arrival order. Not abandoned when the
+        """``fn(*args)`` under the Brain lock in a worker thread. Not abandoned when the
         request is cancelled (its client went away): a batch is merged whole or not at all."""
         if self._limiter is None:  # built on first use: a limiter belongs to the running event loop
             self._limiter = CapacityLimiter(BRAIN_THREADS)
@@ -174,20 +243,41 @@ class Runtime:
     async def ingest(self, raw: bytes) -> bytes:
         """Parse and merge one batch's body; the :class:`TelemetryAck` (with the policy tailored to the sending
         engine) as JSON. Raises :class:`BadInput` (400/422 for a body that does not validate, 409/422/429 for a
-        batch the Brain refuses), the refusal counted against the engine."""
-        return await self._off_loop(self._ingest, raw, self.clock.now())
+        batch the Brain refuses), the refusal counted against the engine.
 
-    def _ingest(self, raw: bytes, now: float) -> bytes:
+        The common post (a small body, the engine's decision cached) is merged and answered on the loop, once
+        the lock is free (waited for as a task, never blocking the loop): a worker thread's hop costs more
+        than that work (load benchmark, same host and hour: 1.46 ms of CPU per post with every post in a
+        thread, 0.93 ms with none). A large body is parsed and merged off the loop, and so is the decision a
+        batch calls for.
+        """
+        now = self.clock.now()
+        if len(raw) > INLINE_BODY_BYTES:
+            return await self._off_loop(lambda: self._answer(*self._merge(raw, now), now))
+        await self._brain_lock.acquire_async()
+        try:
+            batch, result = self._merge(raw, now)
+            if not self._brain.decision_due(batch.model_name, batch.spec, now, batch.engine_id):
+                return self._answer(batch, result, now)
+        finally:
+            self._brain_lock.release()
+        return await self._off_loop(self._answer, batch, result, now)
+
+    def _merge(self, raw: bytes, now: float) -> tuple[TelemetryBatch, IngestResult]:
+        """Parse and merge a body, a refusal counted against its engine (caller holds the lock)."""
         try:
             batch = parse_json(raw, TelemetryBatch, "telemetry batch")
         except BadInput:
             self._brain.record_rejected(engine_id_of(raw))
             raise
         try:
-            result: IngestResult = self._brain.ingest(batch, now)
+            return batch, self._brain.ingest(batch, now)
         except IngestRejected as exc:
             self._brain.record_rejected(batch.engine_id)
             raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
+
+    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float) -> bytes:
+        """The ack of a merged batch (caller holds the lock)."""
         policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
         self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
@@ -260,6 +350,29 @@ class Runtime:
         """The learned state (from a worker thread or a test's thread, never the event loop)."""
         with self._brain_lock:
             return self._brain.dump()
+
+    def snapshot_text(self) -> str:
+        """The learned state as the snapshot's JSON, dumped and encoded model by model with the Brain lock let
+        go in between (from a worker thread). Dumping a full budget at once held the lock for 15-50 ms and
+        encoding it the GIL for 30-40 ms, and posts waited behind both (ingest p99 107 ms with a snapshot
+        every second, docs/reliability.md#budget). Each model's part is consistent; a batch merged between
+        two parts is in the snapshot or not as a whole; a model forgotten meanwhile is left out."""
+        with self._brain_lock:
+            models = self._brain.model_names()
+        parts: dict[str, str] = {}
+        for model in models:
+            with self._brain_lock:
+                data = self._brain.dump_model(model)
+            if data is not None:
+                parts[model] = json.dumps(data, separators=(",", ":"))
+            time.sleep(SCRAPE_YIELD_S)  # as in metrics(): a waiting ingest takes the lock
+        with self._brain_lock:
+            rest = self._brain.dump(models={})
+            live = set(self._brain.model_names())
+        rest.pop("models")
+        head = json.dumps(rest, separators=(",", ":"))
+        body = ",".join(f"{json.dumps(m)}:{text}" for m, text in parts.items() if m in live)
+        return '{"models":{' + body + "}," + head[1:]
 
     def series(self) -> int:
         """The series charged (from a worker thread or a test's thread, never the event loop)."""
@@ -340,10 +453,10 @@ class Runtime:
     # -- snapshots -----------------------------------------------------------------------------------
 
     async def snapshot(self) -> None:
-        """Dump and write the learned state in a worker thread: the event loop never waits on it (the dump
-        holds the Brain lock while it copies, which an ingest arriving meanwhile waits for)."""
+        """Dump, encode and write the learned state in a worker thread: the event loop never waits on it, and
+        an ingest waits for one model's part at most (:meth:`snapshot_text`)."""
         now = self.clock.now()
-        await self._write(lambda: self.store.save_snapshot(now, self.dump()))
+        await self._write(lambda: self.store.save_snapshot(now, self.snapshot_text()))
         self.last_snapshot_ts = now
 
     async def check_store(self) -> str:

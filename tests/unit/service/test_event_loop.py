@@ -9,12 +9,14 @@ safety timeout let it return, and the test sees that it returned first.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import httpx
 import pytest
 
 from controller.core.policy import goodput
+from controller.service.runtime import BrainLock
 from tests.unit.service.batches import MODEL, batch
 from tests.unit.service.conftest import ADMIN, INGEST
 
@@ -103,3 +105,57 @@ def test_concurrent_posts_of_one_engine_merge_each_batch_once(client):
 
 def batch_requests() -> int:
     return batch(0)["steps"][0]["batch_size"]
+
+
+def test_snapshot_is_the_dump_written_model_by_model(client, monkeypatch):
+    """The snapshot's text is the whole dump, and the Brain lock is let go between two models' parts (a post
+    waits for one model's part at most, not for the whole state)."""
+    for i, model in enumerate(["m-a", "m-b", "org/m-c"]):
+        assert client.post("/v1/telemetry", json=batch(0, engine_id=f"e-{i}", model=model),
+                           headers=INGEST).status_code == 200
+    runtime = client.app.state.runtime
+    pauses = []
+
+    def pause(_: float) -> None:
+        pauses.append(runtime._brain_lock.locked())
+
+    monkeypatch.setattr("controller.service.runtime.time.sleep", pause)
+    text = runtime.snapshot_text()
+    assert pauses == [False, False, False]
+    assert json.loads(text) == json.loads(json.dumps(runtime.dump()))
+    client.portal.call(runtime.snapshot)
+    (_, _, stored), *_ = runtime.store.latest_snapshots()
+    assert stored == json.loads(text)
+
+
+def test_brain_lock_wakes_the_loop_and_lets_a_waiting_thread_first():
+    """A task waiting for the lock is woken by a thread's release (no lost wake-up), and a thread that waits
+    for the lock gets it before the loop's tasks (the loop would otherwise take it back post after post)."""
+    lock = BrainLock()
+    order: list[str] = []
+
+    async def scenario() -> None:
+        lock._lock.acquire()  # held, as by a scrape's thread
+        task = asyncio.ensure_future(lock.acquire_async())
+        await asyncio.sleep(0)
+        assert not task.done()
+        thread_waiting = threading.Event()
+
+        def worker() -> None:
+            thread_waiting.set()
+            with lock:
+                order.append("thread")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        await asyncio.to_thread(thread_waiting.wait)
+        while not lock._threads:  # the thread blocked in the lock
+            await asyncio.sleep(0.001)
+        lock.release()
+        await task
+        order.append("task")
+        lock.release()
+        await asyncio.to_thread(thread.join)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert order == ["thread", "task"]
