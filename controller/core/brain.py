@@ -22,7 +22,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, category_series, model_series
+from controller.core.budget import (
+    GLOBAL_SERIES,
+    MODEL_SERIES,
+    category_series,
+    engine_series,
+    label_weight,
+    model_series,
+)
 from controller.core.config import BrainConfig
 from controller.core.cost import FULL_GRAPH_PENALTY, PRESETS, is_model_free
 from controller.core.engines import COUNTER_CAP, EngineBook
@@ -226,7 +233,8 @@ class Brain:
         if ms is None:
             ms = ModelState(batch.model_name, self._preset, self.config.learner)
         digest = ms.digest(batch, self.config.learner.max_categories_per_model)
-        extra = (0 if batch.engine_id in self._engines else ENGINE_SERIES) + (MODEL_SERIES if new_model else 0)
+        extra = (0 if batch.engine_id in self._engines else engine_series(batch.engine_id, batch.model_name)) + (
+            math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
         charge = extra + self._charge(ms, digest, batch.spec.k_max)
         if charge and self._series + charge > self.config.budget.max_series:
             # the budget is full: new category names pool into the overflow category, as beyond the cap
@@ -308,15 +316,17 @@ class Brain:
             methods.setdefault(cat, set())
         if not methods and k <= ms.charged_k:
             return 0
-        before = sum(category_series(ms.charged_k, len(st.methods)) for st in ms.categories.values())
-        after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods))
+        before = sum(category_series(ms.charged_k, len(st.methods), label_weight(ms.name, c))
+                     for c, st in ms.categories.items())
+        after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods), label_weight(ms.name, c))
                     for c, st in ms.categories.items())
-        after += sum(category_series(k, len(m)) for c, m in methods.items() if c not in ms.categories)
+        after += sum(category_series(k, len(m), label_weight(ms.name, c)) for c, m in methods.items()
+                     if c not in ms.categories)
         return after - before
 
     def _recount(self) -> None:
-        self._series = GLOBAL_SERIES + ENGINE_SERIES * len(self._engines) + sum(
-            model_series(ms.charged_k, [len(st.methods) for st in ms.categories.values()])
+        self._series = GLOBAL_SERIES + sum(engine_series(e, b.model or "") for e, b in self._engines.items()) + sum(
+            model_series(ms.name, ms.charged_k, {c: len(st.methods) for c, st in ms.categories.items()})
             for ms in self._models.values())
 
     @property
