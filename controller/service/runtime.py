@@ -5,14 +5,14 @@ Built once per app in the lifespan (see :mod:`controller.service.app`), never at
 Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. The event loop never
 waits on CPU work of the Brain: a batch's parse and merge and a decision refresh are CPU work of up to
 hundreds of ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock held by a worker thread
-would stall a loop that waits for it just the same. So Brain calls run in a worker thread, through a
+would stall a loop that waits for it just the same. So Brain calls run in worker threads, through a
 capacity limiter of their own (:data:`BRAIN_THREADS`), and the lock is what the scrape's and the snapshot's
-threads take too. Whatever the order in which posts get the lock, each (engine, boot, seq) is merged at most
-once (the engine book decides it under the lock), and an ack is sent only after its batch was merged. The one exception is the common telemetry post, merged and answered on the loop
-when it is small and its decision cached, after waiting for the lock as a task (:class:`BrainLock`,
-:meth:`Runtime.ingest`). SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes
-are serialised by an asyncio lock so the in-memory table is always applied in the order the file committed
-it.
+threads take too. The one exception is the common telemetry post, merged and answered on the loop when it
+is small and its decision cached, after waiting for the lock as a task (:class:`BrainLock`,
+:meth:`Runtime.ingest`). Whatever the order in which posts get the lock, each (engine, boot, seq) is merged
+at most once (the engine book decides it under the lock), and an ack is sent only after its batch was
+merged. SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes are
+serialised by an asyncio lock so the in-memory table is always applied in the order the file committed it.
 """
 
 from __future__ import annotations
