@@ -450,11 +450,15 @@ class Brain:
                      if e.cum.drafts + e.cf_cum.drafts >= need)
         return (len(ms.categories), usable)
 
-    def decision_due(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> bool:
-        """Whether :meth:`policy_for` would compute a decision now (CPU work: the service does it off its event
-        loop) rather than serve the cached one."""
+    def decision_work(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> int:
+        """0 when :meth:`policy_for` would serve the cached decision, else the size of the decision it would
+        compute: (category, drafter) pairs x max(k_max, 4), what its CPU time grows with (the service computes
+        large ones off its event loop)."""
         key = _key(model, spec, engine_id)
-        return not self._fresh(key, self._decisions.get(key), self._signature(model), now)
+        if self._fresh(key, self._decisions.get(key), self._signature(model), now):
+            return 0
+        ms = self._models.get(model)
+        return 0 if ms is None else sum(len(st.methods) for st in ms.categories.values()) * max(spec.k_max, 4)
 
     def _fresh(self, key: _Key, cached: _Cached | None, signature: tuple[int, int], now: float) -> bool:
         return cached is not None and 0 <= now - cached.computed_at < refresh_interval(

@@ -8,7 +8,7 @@ hundreds of ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock
 would stall a loop that waits for it just the same. So Brain calls run in worker threads, through a
 capacity limiter of their own (:data:`BRAIN_THREADS`), and the lock is what the scrape's and the snapshot's
 threads take too. The one exception is the common telemetry post, merged and answered on the loop when it
-is small and its decision cached, after waiting for the lock as a task (:class:`BrainLock`,
+is small and its decision cached or small, after waiting for the lock as a task (:class:`BrainLock`,
 :meth:`Runtime.ingest`). Whatever the order in which posts get the lock, each (engine, boot, seq) is merged
 at most once (the engine book decides it under the lock), and an ack is sent only after its batch was
 merged. SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes are
@@ -50,6 +50,10 @@ BRAIN_THREADS = 4
 #: Bodies up to this size may be merged on the event loop (at most a few ms of CPU, measured in
 #: docs/reliability.md); larger ones are parsed and merged in a worker thread.
 INLINE_BODY_BYTES = 8 * 1024
+#: Decisions up to this size ((category, drafter) pairs x max(k_max, 4), :meth:`Brain.decision_work`) are
+#: computed on the loop: 1.3-1.6 ms of CPU measured (4 categories, 1 or 3 drafters, k_max 4), less than a
+#: thread's hop costs a busy loop in latency; 8 categories x 3 drafters take 2.3 ms, 60 x 3 at k_max 32 50 ms.
+INLINE_DECISION_WORK = 64
 
 T = TypeVar("T")
 _ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
@@ -245,11 +249,11 @@ class Runtime:
         engine) as JSON. Raises :class:`BadInput` (400/422 for a body that does not validate, 409/422/429 for a
         batch the Brain refuses), the refusal counted against the engine.
 
-        The common post (a small body, the engine's decision cached) is merged and answered on the loop, once
-        the lock is free (waited for as a task, never blocking the loop): a worker thread's hop costs more
-        than that work (load benchmark, same host and hour: 1.46 ms of CPU per post with every post in a
-        thread, 0.93 ms with none). A large body is parsed and merged off the loop, and so is the decision a
-        batch calls for.
+        The common post (a small body, the engine's decision cached or small) is merged and answered on the
+        loop, once the lock is free (waited for as a task, never blocking the loop): a worker thread's hop
+        costs more than that work (load benchmark, same host and hour: 1.46 ms of CPU per post with every post
+        in a thread, 0.93 ms with none). A large body is parsed and merged off the loop, and so is a large
+        decision a batch calls for.
         """
         now = self.clock.now()
         if len(raw) > INLINE_BODY_BYTES:
@@ -257,7 +261,7 @@ class Runtime:
         await self._brain_lock.acquire_async()
         try:
             batch, result = self._merge(raw, now)
-            if not self._brain.decision_due(batch.model_name, batch.spec, now, batch.engine_id):
+            if self._brain.decision_work(batch.model_name, batch.spec, now, batch.engine_id) <= INLINE_DECISION_WORK:
                 return self._answer(batch, result, now)
         finally:
             self._brain_lock.release()

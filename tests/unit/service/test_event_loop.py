@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from controller.core.policy import goodput
-from controller.service.runtime import BrainLock
-from tests.unit.service.batches import MODEL, batch
+from controller.service.runtime import INLINE_DECISION_WORK, BrainLock
+from tests.unit.service.batches import MODEL, batch, hist, step
 from tests.unit.service.conftest import ADMIN, INGEST
 
 #: Only reached if the decision blocked the loop (then the test fails); never waited for when it passes.
@@ -54,7 +54,9 @@ def _request(ac: httpx.AsyncClient, what: str):
 def test_a_slow_decision_does_not_block_the_loop(client, clock, monkeypatch, what):
     slow = SlowDecision()
     monkeypatch.setattr(goodput, "decide", slow)
-    assert client.post("/v1/telemetry", json=batch(0), headers=INGEST).status_code == 200
+    # a model large enough that its decisions are computed off the loop (small ones are cheaper there)
+    big = [step({f"c{i}": [hist(4, [1, 0, 0, 0, 3])] for i in range(INLINE_DECISION_WORK // 4 + 1)})]
+    assert client.post("/v1/telemetry", json=batch(0, big), headers=INGEST).status_code == 200
     clock.advance(3600.0)  # every cached decision due again: the next request computes one
     slow.armed = True
 
