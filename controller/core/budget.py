@@ -22,10 +22,11 @@ Label bytes are charged too: an exported series is charged ``1 + b / LABEL_BYTES
 label values (model name, engine id, category, as the text format writes them: UTF-8, escaped), so that
 long names fill the budget sooner instead of making /metrics bigger: a line of the exposition is about
 100 bytes without its label values (metric and label names, quotes, a value of up to 21 characters), so a
-full budget stays under ``max_series x 100`` bytes (5 MB at the default) whatever the names. Without the
-weight, the default budget filled with the longest names the protocol accepts was a 7 MB (63 bytes of
-names), 12 MB (256 ASCII characters) to 36 MB (256 four-byte characters) scrape. Typical names cost little:
-``meta-llama/Llama-3.1-8B-Instruct`` with ``tool_call`` is 1.41 per series (docs/reliability.md#budget).
+full budget stays under ``max_series x 100`` bytes (5 MB at the default) whatever the names (checked for
+hostile names by ``tests/unit/core/test_budget.py``). Without the weight, the default budget filled with the
+longest names the protocol accepts was a 7 MB (63 bytes of names), 12 MB (256 ASCII characters) to 36 MB
+(256 four-byte characters) scrape. Typical names cost little: ``meta-llama/Llama-3.1-8B-Instruct`` with
+``tool_call`` is 1.41 per series (docs/reliability.md#budget).
 
 Memory follows the series: each charged series stands for a few numbers of learned state (measured in
 docs/reliability.md#budget).
