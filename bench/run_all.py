@@ -18,6 +18,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.ingest", [], ["--quick"]),
     ("bench.load", [], ["--duration", "10"]),
     ("bench.budget", [], ["--seconds", "5", "--out", "bench/results/tmp/budget_quick.json"]),
+    ("bench.budget", ["--flood", "600"], ["--flood", "20", "--out", "bench/results/tmp/budget_flood_quick.json"]),
     ("bench.fuzz", [], ["--examples", "12", "--steps", "25"]),
     ("bench.sim.run", [], ["--quick"]),
     ("bench.reporter_cost", [], ["--posts", "30"]),

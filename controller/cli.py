@@ -141,17 +141,19 @@ def _describe_error(response: Any) -> str:
 # -- serve -------------------------------------------------------------------------------------------
 
 
+# Help texts name variables and defaults in parentheses: square brackets are markup to the help renderer,
+# which drops them and what they hold.
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="listen address [env SPECCTL_HOST; default 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="listen port, 0 = any free [env SPECCTL_PORT; default 8081]")] = None,
-    db: Annotated[Path | None, typer.Option(help="SQLite file [env SPECCTL_DB; default ./specctl.db]")] = None,
-    insecure_dev: Annotated[bool, typer.Option("--insecure-dev", help="allow running without tokens (local development only)")] = False,
-    admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes [env SPECCTL_ADMIN_HOST]")] = None,
-    admin_port: Annotated[int | None, typer.Option(help="port of the admin listener [env SPECCTL_ADMIN_PORT]")] = None,
-    log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error [env SPECCTL_LOG_LEVEL]")] = None,
+    host: Annotated[str | None, typer.Option(help="listen address (env SPECCTL_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port, 0 = any free (env SPECCTL_PORT, default 8081)")] = None,
+    db: Annotated[Path | None, typer.Option(help="SQLite file (env SPECCTL_DB, default ./specctl.db)")] = None,
+    insecure_dev: Annotated[bool, typer.Option("--insecure-dev", help="allow running without tokens (local development only) (env SPECCTL_INSECURE_DEV, default off)")] = False,
+    admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes (env SPECCTL_ADMIN_HOST)")] = None,
+    admin_port: Annotated[int | None, typer.Option(help="port of the admin listener (env SPECCTL_ADMIN_PORT)")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error (env SPECCTL_LOG_LEVEL, default info)")] = None,
     record_dir: Annotated[Path | None, typer.Option(help="record every ingested telemetry batch here, gzip JSON lines, "
-                                                     "rotated and size-capped [env SPECCTL_RECORD_DIR; default off]")] = None,
+                                                     "rotated and size-capped (env SPECCTL_RECORD_DIR, default off)")] = None,
 ) -> None:
     """Run the controller (HTTP API, metrics, SQLite store) until interrupted."""
     from controller.service.server import check_store
@@ -249,9 +251,9 @@ def override_set(
     category: Annotated[str, typer.Argument(help="request category, e.g. structured")],
     reason: Annotated[str, typer.Option(help="why (kept in the audit log)")],
     k: Annotated[int | None, typer.Option("--k", min=0, max=32,
-                                          help="pin the proposal length (0 = off) [default: not pinned]")] = None,
+                                          help="pin the proposal length (0 = off) (default: not pinned)")] = None,
     off: Annotated[bool, typer.Option("--off", help="force speculation off")] = False,
-    method: Annotated[str | None, typer.Option(help="pin the draft method [default: not pinned]")] = None,
+    method: Annotated[str | None, typer.Option(help="pin the draft method (default: not pinned)")] = None,
     ttl: Annotated[float | None, typer.Option(help="seconds until the override expires (default: never)")] = None,
     actor: Annotated[str | None, typer.Option(help="who (default: the login name)")] = None,
     url: UrlOpt = DEFAULT_URL,

@@ -21,9 +21,10 @@ internal locking is done.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 
-from controller.core.budget import ENGINE_SERIES, GLOBAL_SERIES, MODEL_SERIES, model_series
+from controller.core.budget import GLOBAL_SERIES, MODEL_SERIES, engine_series, label_weight, model_series
 from controller.core.config import BrainConfig
 from controller.core.cost import PRESETS
 from controller.core.engines import COUNTER_CAP, EngineBook
@@ -97,7 +98,8 @@ class Brain:
         if ms is None:
             ms = ModelState(batch.model_name, self._preset, self.config.learner)
         digest = ms.digest(batch, self.config.learner.max_categories_per_model)
-        extra = (0 if batch.engine_id in self._engines else ENGINE_SERIES) + (MODEL_SERIES if new_model else 0)
+        extra = (0 if batch.engine_id in self._engines else engine_series(batch.engine_id, batch.model_name)) + (
+            math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
         cost = extra + charge(ms, digest, batch.spec.k_max)
         if cost and self._series + cost > self.config.budget.max_series:
             # the budget is full: new category names pool into the overflow category, as beyond the cap
@@ -137,8 +139,8 @@ class Brain:
 
     # -- the budget and forgetting ----------------------------------------------------------------------------
     def _recount(self) -> None:
-        self._series = GLOBAL_SERIES + ENGINE_SERIES * len(self._engines) + sum(
-            model_series(ms.charged_k, [len(st.methods) for st in ms.categories.values()])
+        self._series = GLOBAL_SERIES + sum(engine_series(e, b.model or "") for e, b in self._engines.items()) + sum(
+            model_series(ms.name, ms.charged_k, {c: len(st.methods) for c, st in ms.categories.items()})
             for ms in self._models.values())
 
     @property
@@ -238,6 +240,16 @@ class Brain:
         usable = sum(1 for st in ms.categories.values() for e in st.methods.values()
                      if e.cum.drafts + e.cf_cum.drafts >= need)
         return (len(ms.categories), usable)
+
+    def decision_work(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> int:
+        """0 when :meth:`policy_for` would serve the cached decision, else the size of the decision it would
+        compute: (category, drafter) pairs x max(k_max, 4), what its CPU time grows with (the service computes
+        large ones off its event loop)."""
+        key = decide.key(model, spec, engine_id)
+        if decide.is_fresh(self._decisions.get(key), key, now, self.config.policy.interval_s, self._signature(model)):
+            return 0
+        ms = self._models.get(model)
+        return 0 if ms is None else sum(len(st.methods) for st in ms.categories.values()) * max(spec.k_max, 4)
 
     def _decision(self, key: Key, spec: SpecConfig, now: float, store: bool = True) -> Decision:
         """The decision for this engine shape: the cached one while fresh, else computed (and cached when
@@ -369,14 +381,20 @@ class Brain:
             budget_refusals=self.budget_refusals)
 
     # -- persistence --------------------------------------------------------------------------------------------
-    def dump(self) -> dict:
+    def dump(self, models: dict | None = None) -> dict:
+        """Everything learned; ``models``: the models' parts when the caller dumped them one by one
+        (:meth:`dump_model`, so that a snapshot need not hold the service's lock for all of them at once)."""
         return {
             "format": DUMP_FORMAT, "version": DUMP_VERSION, "policy_version": self._version,
             "cost_preset": self.config.policy.cost_preset,
-            "models": {m: ms.to_dict() for m, ms in self._models.items()},
+            "models": {m: ms.to_dict() for m, ms in self._models.items()} if models is None else models,
             "engines": {e: b.to_dict() for e, b in self._engines.items()},
             "rejected_unknown": self._rejected_unknown,
         }
+
+    def dump_model(self, model: str) -> dict | None:
+        ms = self._models.get(model)
+        return None if ms is None else ms.to_dict()
 
     @classmethod
     def load(cls, data: dict, config: BrainConfig) -> Brain:

@@ -18,11 +18,23 @@ that a scrape never exports more than the charged total):
 * (model, category, method): 3 real and 3 counterfactual counters, K per-position counters, match rate:
   ``7 + K``.
 
+Label bytes are charged too: an exported series is charged ``1 + b / LABEL_BYTES``, ``b`` the bytes of its
+label values (model name, engine id, category, as the text format writes them: UTF-8, escaped), so that
+long names fill the budget sooner instead of making /metrics bigger: a line of the exposition is about
+100 bytes without its label values (metric and label names, quotes, a value of up to 21 characters), so a
+full budget stays under ``max_series x 100`` bytes (5 MB at the default) whatever the names (checked for
+hostile names by ``tests/unit/core/test_budget.py``). Without the weight, the default budget filled with the
+longest names the protocol accepts was a 7 MB (63 bytes of names), 12 MB (256 ASCII characters) to 36 MB
+(256 four-byte characters) scrape. Typical names cost little: ``meta-llama/Llama-3.1-8B-Instruct`` with
+``tool_call`` is 1.41 per series (docs/reliability.md#budget).
+
 Memory follows the series: each charged series stands for a few numbers of learned state (measured in
 docs/reliability.md#budget).
 """
 
 from __future__ import annotations
+
+import math
 
 from controller.protocol import MAX_METHODS
 
@@ -32,11 +44,28 @@ MODEL_SERIES = MAX_METHODS + 3
 GLOBAL_SERIES = 16
 
 
-def category_series(k: int, methods: int) -> int:
-    """Series one (model, category) with ``methods`` drafters can export at proposal lengths up to ``k``."""
+#: Label bytes that cost one more charge (the method label, at most 32 bytes, and the metric's own name are
+#: in the 100 bytes a line has besides its model, engine and category names).
+LABEL_BYTES = 100
+
+
+def label_weight(*values: str) -> float:
+    """Charge of one exported series whose label values are ``values``."""
+    size = sum(len(v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"').encode()) for v in values)
+    return 1.0 + size / LABEL_BYTES
+
+
+def engine_series(engine_id: str, model: str) -> int:
+    return math.ceil(ENGINE_SERIES * label_weight(engine_id, model))
+
+
+def category_series(k: int, methods: int, weight: float = 1.0) -> int:
+    """Charge of one (model, category) with ``methods`` drafters at proposal lengths up to ``k``, each of its
+    series weighing ``weight`` (:func:`label_weight` of the model and category names)."""
     k = max(k, 1)
-    return 14 + 2 * k + methods * (7 + k)
+    return math.ceil(weight * (14 + 2 * k + methods * (7 + k)))
 
 
-def model_series(k: int, methods_per_category: list[int]) -> int:
-    return MODEL_SERIES + sum(category_series(k, m) for m in methods_per_category)
+def model_series(model: str, k: int, methods_per_category: dict[str, int]) -> int:
+    return math.ceil(MODEL_SERIES * label_weight(model)) + sum(
+        category_series(k, m, label_weight(model, c)) for c, m in methods_per_category.items())

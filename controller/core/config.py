@@ -152,11 +152,13 @@ class BudgetSettings(BaseSettings):
     max_series: int = Field(
         default=50_000, ge=100, le=5_000_000,
         description="series; upper bound on what /metrics exports, counted as engines, models, categories, "
-        "methods and positions are created (controller.core.budget). Beyond it new names pool into the overflow "
-        "category, new methods are dropped and new engines/models are refused with 429 until idle ones are "
-        "evicted. Measured full (docs/reliability.md#budget): 50 000 is 24 MB of controller memory above an empty "
-        "one and a 2.8 MB scrape written in 0.7 s; 200 000 is 62 MB and 11 MB in 1.5 s (the render process "
-        "adds 54-71 MB); the 512 Mi sidecar limit holds either",
+        "methods and positions are created (controller.core.budget), a series with long names counting "
+        "1 + (label bytes)/100, so /metrics stays under 100 bytes per series (5 MB at the default). Beyond it "
+        "new names pool into the overflow category, new methods are dropped and new engines/models are refused "
+        "with 429 until idle ones are evicted. Measured full (docs/reliability.md#budget): 50 000 is 17 MB of "
+        "controller memory above an empty one and a 2.5 MB scrape written in 0.33 s; 200 000 (before label bytes "
+        "were charged) 62 MB and 11 MB in 1.5 s (the render process adds 50-71 MB); the 512 Mi sidecar limit "
+        "holds either",
     )
     max_engines: int = Field(
         default=4096, ge=1, le=65_536,

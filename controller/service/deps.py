@@ -11,10 +11,10 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from controller.service.auth import AuthError, Scope, TokenCheck
-from controller.service.errors import BadInput, from_validation_error
+from controller.service.errors import BadInput, parse_json
 from controller.service.runtime import Runtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -92,16 +92,18 @@ IngestRuntime = Annotated[Runtime, Depends(_ingest_scheme)]
 AdminAuth = Annotated[None, Depends(require_admin)]
 
 
-async def read_json(request: Request, model: type[M], what: str) -> M:
+async def read_body(request: Request, what: str) -> bytes:
+    """The raw body of a JSON request: 415 for another content type, 400 for an empty body."""
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise BadInput(415, f"expected Content-Type application/json, got {content_type!r}")
     raw = await request.body()
     if not raw:
         raise BadInput(400, f"empty body: expected a JSON {what}")
-    try:
-        # strict: JSON types must match the schema (no `false` for a number, no "3" for an integer);
-        # integers are still accepted where a number is expected.
-        return model.model_validate_json(raw, strict=True)
-    except ValidationError as exc:
-        raise from_validation_error(exc, what) from None
+    return raw
+
+
+async def read_json(request: Request, model: type[M], what: str) -> M:
+    """A small JSON body (an override, a forget) parsed on the loop; telemetry is parsed off it
+    (:meth:`Runtime.ingest`)."""
+    return parse_json(await read_body(request, what), model, what)

@@ -10,12 +10,12 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -23,6 +23,8 @@ from controller.service.auth import AuthError
 from controller.service.store import describe_store_error
 
 log = logging.getLogger("controller.service")
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_ERRORS = 20
 MAX_MSG_CHARS = 300
@@ -56,6 +58,15 @@ def from_validation_error(exc: ValidationError, what: str) -> BadInput:
     if any(e["type"] == "json_invalid" for e in errors):
         return BadInput(400, f"malformed JSON: {errors[0]['msg'][:MAX_MSG_CHARS]}")
     return BadInput(422, f"invalid {what}", error_items(errors))
+
+
+def parse_json(raw: bytes, model: type[M], what: str) -> M:
+    """``raw`` as ``model``, strictly: JSON types must match the schema (no `false` for a number, no "3" for an
+    integer; integers are still accepted where a number is expected). 400 for malformed JSON, 422 else."""
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise from_validation_error(exc, what) from None
 
 
 def _body(detail: str, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:

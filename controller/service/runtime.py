@@ -2,35 +2,75 @@
 
 Built once per app in the lifespan (see :mod:`controller.service.app`), never at import time.
 
-Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``; the calls are
-short (no I/O) and run on the event loop or the metrics scrape. SQLite writes run in a worker thread
-(``fsync`` must not stall ingest); override changes are serialised by an asyncio lock so the in-memory
-table is always applied in the order the file committed it.
+Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. The event loop never
+waits on CPU work of the Brain: a batch's parse and merge and a decision refresh are CPU work of up to
+hundreds of ms (a 4 MiB batch, a model of 60 categories at k_max 32), and a lock held by a worker thread
+would stall a loop that waits for it just the same. So Brain calls run in worker threads, through a
+capacity limiter of their own (:data:`BRAIN_THREADS`), and the lock is what the scrape's and the snapshot's
+threads take too. The one exception is the common telemetry post, merged and answered on the loop when it
+is small and its decision cached or small, after waiting for the lock as a task (:class:`BrainLock`,
+:meth:`Runtime.ingest`). Whatever the order in which posts get the lock, each (engine, boot, seq) is merged
+at most once (the engine book decides it under the lock), and an ack is sent only after its batch was
+merged. SQLite writes run in a worker thread too (``fsync`` must not stall ingest); override changes are
+serialised by an asyncio lock so the in-memory table is always applied in the order the file committed it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import re
 import sqlite3
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from anyio import to_thread
+from anyio import CapacityLimiter, to_thread
 
-from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestResult
+from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
 from controller.core.config import BrainConfig
 from controller.core.overrides import Override, active_overrides
-from controller.protocol import Policy, SpecConfig, TelemetryBatch
+from controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
 from controller.service.clock import Clock
+from controller.service.errors import BadInput, parse_json
 from controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
 
 #: Pause of a scrape's worker thread between two models' rows (lets a waiting ingest take the Brain lock).
 SCRAPE_YIELD_S = 0.0005
+#: Worker threads for requests' Brain calls (a decision due, a large batch, a read). They serialise on the
+#: Brain lock, but a thread first waits for the GIL the busy loop holds (up to the 5 ms switch interval), and
+#: with one thread those waits queued up behind each other (load benchmark, docs/reliability.md#load). Their
+#: own limiter, so that they never take the threads the store's writes and the scrapes use.
+BRAIN_THREADS = 4
+#: Bodies up to this size may be merged on the event loop (at most a few ms of CPU, measured in
+#: docs/reliability.md); larger ones are parsed and merged in a worker thread.
+INLINE_BODY_BYTES = 8 * 1024
+#: Decisions up to this size ((category, drafter) pairs x max(k_max, 4), :meth:`Brain.decision_work`) are
+#: computed on the loop: 1.3-1.6 ms of CPU measured (4 categories, 1 or 3 drafters, k_max 4), less than a
+#: thread's hop costs a busy loop in latency; 8 categories x 3 drafters take 2.3 ms, 60 x 3 at k_max 32 50 ms.
+INLINE_DECISION_WORK = 64
+
+T = TypeVar("T")
+_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
+
+
+def engine_id_of(raw: bytes) -> str | None:
+    """Best-effort engine id of a refused batch, so the rejection is counted against its engine."""
+    try:
+        value = json.loads(raw).get("engine_id")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, str) and _ENGINE_ID.match(value) else None
+
+
+def json_bytes(value: Any) -> bytes:
+    """What FastAPI's JSONResponse would send for ``value`` (plain JSON types), written by the C encoder."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
@@ -108,11 +148,73 @@ class AckEncoder:
         return data
 
 
+class BrainLock:
+    """The Brain's lock: worker threads take it with ``with``; the event loop awaits :meth:`acquire_async`,
+    which never blocks the loop (a post waits as a task while a scrape's or a snapshot's thread holds it).
+
+    A thread waiting for the lock goes first: the loop would otherwise take it back post after post (a
+    ``threading.Lock`` is not fair, and the woken thread needs the GIL the loop holds), and a decision being
+    computed in a thread waited a second and more under load. Posts that found the lock held used to go to a
+    worker thread instead, which under load was a convoy: the thread then held the lock post after post,
+    every later post found it held too and paid for the thread's hop (load benchmark: 1.1 ms of CPU per post
+    instead of 0.9, p99 290 ms). A release wakes the loop's waiters, which then try again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = threading.Lock()  # guards _threads
+        self._threads = 0  # threads blocked in __enter__
+        self._waiters = 0  # tasks in acquire_async
+        self._released: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __enter__(self) -> None:
+        if self._lock.acquire(blocking=False):
+            return
+        with self._count:
+            self._threads += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._count:
+                self._threads -= 1
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def release(self) -> None:
+        self._lock.release()
+        # a waiter counts itself before trying the lock, so one that just failed is seen here
+        if self._waiters and self._loop is not None and self._released is not None:
+            self._loop.call_soon_threadsafe(self._released.set)
+
+    def _try(self) -> bool:
+        return not self._threads and self._lock.acquire(blocking=False)
+
+    async def acquire_async(self) -> None:
+        if self._try():
+            return
+        if self._released is None:
+            self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
+        self._waiters += 1
+        try:
+            while True:
+                self._released.clear()
+                if self._try():
+                    return
+                await self._released.wait()
+        finally:
+            self._waiters -= 1
+
+
 class Runtime:
     def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
                  snapshot_ts: float | None = None) -> None:
         self._brain = brain
-        self._brain_lock = threading.Lock()
+        self._brain_lock = BrainLock()
         self._override_lock = asyncio.Lock()
         self.store = store
         self.clock = clock
@@ -121,23 +223,67 @@ class Runtime:
         self.store_error: str | None = None
         self.internal_errors = 0
         self.client_disconnects = 0
-        self._acks = AckEncoder()
+        self._acks = AckEncoder()  # used under the Brain lock only
+        self._limiter: CapacityLimiter | None = None
         #: the opt-in telemetry recorder (:mod:`controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
 
-    # -- telemetry and policy (Brain, under its lock) -------------------------------------------------
+    # -- the Brain: every call in a worker thread, under its lock ------------------------------------
 
-    def ingest(self, batch: TelemetryBatch) -> bytes:
-        """Merge one batch; the :class:`TelemetryAck` (with the policy tailored to the sending engine) as JSON.
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._brain_lock:
+            return fn(*args)
 
-        Raises :class:`controller.core.brain.IngestRejected` for a batch the Brain refuses.
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under the Brain lock in a worker thread. Not abandoned when the
+        request is cancelled (its client went away): a batch is merged whole or not at all."""
+        if self._limiter is None:  # built on first use: a limiter belongs to the running event loop
+            self._limiter = CapacityLimiter(BRAIN_THREADS)
+        return await to_thread.run_sync(self._locked, fn, *args, limiter=self._limiter)
+
+    # -- telemetry and policy ------------------------------------------------------------------------
+
+    async def ingest(self, raw: bytes) -> bytes:
+        """Parse and merge one batch's body; the :class:`TelemetryAck` (with the policy tailored to the sending
+        engine) as JSON. Raises :class:`BadInput` (400/422 for a body that does not validate, 409/422/429 for a
+        batch the Brain refuses), the refusal counted against the engine.
+
+        The common post (a small body, the engine's decision cached or small) is merged and answered on the
+        loop, once the lock is free (waited for as a task, never blocking the loop): a worker thread's hop
+        costs more than that work (load benchmark, same host and hour: 1.46 ms of CPU per post with every post
+        in a thread, 0.93 ms with none). A large body is parsed and merged off the loop, and so is a large
+        decision a batch calls for.
         """
         now = self.clock.now()
-        with self._brain_lock:
-            result: IngestResult = self._brain.ingest(batch, now)
-            policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
-            self._log_decision_error()
+        if len(raw) > INLINE_BODY_BYTES:
+            return await self._off_loop(lambda: self._answer(*self._merge(raw, now), now))
+        await self._brain_lock.acquire_async()
+        try:
+            batch, result = self._merge(raw, now)
+            if self._brain.decision_work(batch.model_name, batch.spec, now, batch.engine_id) <= INLINE_DECISION_WORK:
+                return self._answer(batch, result, now)
+        finally:
+            self._brain_lock.release()
+        return await self._off_loop(self._answer, batch, result, now)
+
+    def _merge(self, raw: bytes, now: float) -> tuple[TelemetryBatch, IngestResult]:
+        """Parse and merge a body, a refusal counted against its engine (caller holds the lock)."""
+        try:
+            batch = parse_json(raw, TelemetryBatch, "telemetry batch")
+        except BadInput:
+            self._brain.record_rejected(engine_id_of(raw))
+            raise
+        try:
+            return batch, self._brain.ingest(batch, now)
+        except IngestRejected as exc:
+            self._brain.record_rejected(batch.engine_id)
+            raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
+
+    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float) -> bytes:
+        """The ack of a merged batch (caller holds the lock)."""
+        policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
+        self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
             self.recorder.submit(batch)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
@@ -150,37 +296,45 @@ class Runtime:
             log.error("decision not computable, serving the last good one",
                       extra={"model_name": failed[0], "error": failed[1]})
 
-    def record_rejected(self, engine_id: str | None) -> None:
-        with self._brain_lock:
-            self._brain.record_rejected(engine_id)
+    async def record_rejected(self, engine_id: str | None) -> None:
+        await self._off_loop(self._brain.record_rejected, engine_id)
 
-    def policy(self, model: str, spec: SpecConfig) -> Policy:
-        now = self.clock.now()
-        with self._brain_lock:
-            return self._brain.policy_for(model, spec, now)
+    async def policy(self, model: str, spec: SpecConfig, etag: Callable[[Policy], str]) -> tuple[Policy, str]:
+        """The policy for an engine of this shape, with its ``etag`` (a hash of its JSON, also worked out off
+        the loop)."""
+        def read(now: float) -> tuple[Policy, str]:
+            policy = self._brain.policy_for(model, spec, now)
+            self._log_decision_error()
+            return policy, etag(policy)
 
-    def categories(self) -> list[dict[str, Any]]:
-        now = self.clock.now()
-        with self._brain_lock:
+        return await self._off_loop(read, self.clock.now())
+
+    async def categories(self) -> bytes:
+        """Every category's view as JSON (a full budget's views are megabytes: encoded off the loop too)."""
+        def read(now: float) -> bytes:
             out = [_json_safe(view.to_dict()) for view in self._brain.categories(now)]
             self._log_decision_error()
-        return out
+            return json_bytes(out)
 
-    def category(self, name: str, model: str | None) -> dict[str, Any] | None:
-        now = self.clock.now()
-        with self._brain_lock:
+        return await self._off_loop(read, self.clock.now())
+
+    async def category(self, name: str, model: str | None) -> dict[str, Any] | None:
+        def read(now: float) -> dict[str, Any] | None:
             view = self._brain.category(name, now, model=model)
             self._log_decision_error()
             return None if view is None else _json_safe(view.to_dict())
 
-    def engines(self) -> list[dict[str, Any]]:
-        now = self.clock.now()
-        with self._brain_lock:
-            return [_json_safe(view.to_dict()) for view in self._brain.engines(now)]
+        return await self._off_loop(read, self.clock.now())
+
+    async def engines(self) -> bytes:
+        def read(now: float) -> bytes:
+            return json_bytes([_json_safe(view.to_dict()) for view in self._brain.engines(now)])
+
+        return await self._off_loop(read, self.clock.now())
 
     def metrics(self) -> Any:
         """The scrape's snapshot, built model by model with the Brain lock let go in between (called from a
-        worker thread: an ingest on the event loop waits for one model's rows at most, not for the scrape)."""
+        worker thread: an ingest waits for one model's rows at most, not for the scrape)."""
         now = self.clock.now()
         with self._brain_lock:
             models = self._brain.model_names()
@@ -189,7 +343,7 @@ class Runtime:
             with self._brain_lock:
                 parts.append(self._brain.model_metrics(model, now))
             # threading.Lock is not fair: without a pause this thread would take it straight back and an
-            # ingest waiting on the event loop would wait for every model in turn
+            # ingest waiting for it would wait for every model in turn
             time.sleep(SCRAPE_YIELD_S)
         with self._brain_lock:
             snapshot = self._brain.metrics(now, parts)
@@ -197,10 +351,35 @@ class Runtime:
         return snapshot
 
     def dump(self) -> dict[str, Any]:
+        """The learned state (from a worker thread or a test's thread, never the event loop)."""
         with self._brain_lock:
             return self._brain.dump()
 
+    def snapshot_text(self) -> str:
+        """The learned state as the snapshot's JSON, dumped and encoded model by model with the Brain lock let
+        go in between (from a worker thread). Dumping a full budget at once held the lock for 15-50 ms and
+        encoding it the GIL for 30-40 ms, and posts waited behind both (ingest p99 107 ms with a snapshot
+        every second, docs/reliability.md#budget). Each model's part is consistent; a batch merged between
+        two parts is in the snapshot or not as a whole; a model forgotten meanwhile is left out."""
+        with self._brain_lock:
+            models = self._brain.model_names()
+        parts: dict[str, str] = {}
+        for model in models:
+            with self._brain_lock:
+                data = self._brain.dump_model(model)
+            if data is not None:
+                parts[model] = json.dumps(data, separators=(",", ":"))
+            time.sleep(SCRAPE_YIELD_S)  # as in metrics(): a waiting ingest takes the lock
+        with self._brain_lock:
+            rest = self._brain.dump(models={})
+            live = set(self._brain.model_names())
+        rest.pop("models")
+        head = json.dumps(rest, separators=(",", ":"))
+        body = ",".join(f"{json.dumps(m)}:{text}" for m, text in parts.items() if m in live)
+        return '{"models":{' + body + "}," + head[1:]
+
     def series(self) -> int:
+        """The series charged (from a worker thread or a test's thread, never the event loop)."""
         with self._brain_lock:
             return self._brain.series
 
@@ -209,21 +388,24 @@ class Runtime:
     async def evict_idle(self) -> list[tuple[str, str]]:
         """Forget what was idle too long; tombstones are written so a restart does not bring it back."""
         now = self.clock.now()
-        with self._brain_lock:
-            evicted = self._brain.evict_idle(now)
+        evicted = await self._off_loop(self._brain.evict_idle, now)
         if evicted:
             await self._write(self.store.record_forgotten, evicted, now)
             log.info("idle state forgotten", extra={"count": len(evicted), "items": [f"{k}:{n}" for k, n in evicted[:20]]})
         return evicted
 
-    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+    async def forget(self, kind: str, name: str, *, actor: str, reason: str) -> int | None:
+        """Forget one engine, model or (model, category); the series charged after, or None if it was unknown."""
         now = self.clock.now()
-        with self._brain_lock:
-            done = self._brain.forget(kind, name)
-        if done:
+
+        def drop() -> int | None:
+            return self._brain.series if self._brain.forget(kind, name) else None
+
+        series = await self._off_loop(drop)
+        if series is not None:
             await self._write(self.store.record_forgotten, [(kind, name)], now)
             log.info("state forgotten", extra={"kind": kind, "forgotten": name, "actor": actor, "reason": reason})
-        return done
+        return series
 
     # -- overrides (file first, then memory) ---------------------------------------------------------
 
@@ -232,15 +414,14 @@ class Runtime:
         active = active_overrides(list(self._overrides.values()), self.clock.now())
         return [active[name] for name in sorted(active)]
 
-    def _apply(self) -> None:
-        with self._brain_lock:
-            self._brain.set_overrides(list(self._overrides.values()))
+    async def _apply(self) -> None:
+        await self._off_loop(self._brain.set_overrides, list(self._overrides.values()))
 
     async def set_override(self, override: Override) -> AuditRecord:
         async with self._override_lock:
             record = await self._write(self.store.put_override, override)
             self._overrides[override.category] = override
-            self._apply()
+            await self._apply()
         log.info("override set", extra={"category": override.category, "actor": override.actor,
                                         "audit_id": record.id})
         return record
@@ -254,7 +435,7 @@ class Runtime:
                 lambda: self.store.delete_override(category, actor=actor, reason=reason, ts=self.clock.now())
             )
             self._overrides.pop(category, None)
-            self._apply()
+            await self._apply()
         if record is not None:
             log.info("override cleared", extra={"category": category, "actor": actor, "audit_id": record.id})
         return record
@@ -268,7 +449,7 @@ class Runtime:
             records = await self._write(self.store.expire_overrides, now)
             for record in records:
                 self._overrides.pop(record.category, None)
-            self._apply()
+            await self._apply()
         for record in records:
             log.info("override expired", extra={"category": record.category, "audit_id": record.id})
         return records
@@ -276,10 +457,10 @@ class Runtime:
     # -- snapshots -----------------------------------------------------------------------------------
 
     async def snapshot(self) -> None:
-        """Dump and write the learned state in a worker thread: the event loop never waits on it (the dump
-        holds the Brain lock while it copies, which an ingest arriving meanwhile waits for)."""
+        """Dump, encode and write the learned state in a worker thread: the event loop never waits on it, and
+        an ingest waits for one model's part at most (:meth:`snapshot_text`)."""
         now = self.clock.now()
-        await self._write(lambda: self.store.save_snapshot(now, self.dump()))
+        await self._write(lambda: self.store.save_snapshot(now, self.snapshot_text()))
         self.last_snapshot_ts = now
 
     async def check_store(self) -> str:

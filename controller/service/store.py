@@ -275,8 +275,9 @@ class Store:
 
     # -- learned-state snapshots ---------------------------------------------------------------------
 
-    def save_snapshot(self, ts: float, data: dict[str, Any]) -> int:
-        text = json.dumps(data, separators=(",", ":"))
+    def save_snapshot(self, ts: float, data: dict[str, Any] | str) -> int:
+        """``data``: the state, or its JSON text already encoded (see :meth:`Runtime.snapshot_text`)."""
+        text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
 
         def body(conn: sqlite3.Connection) -> int:
             cur = conn.execute("INSERT INTO snapshots (ts, data) VALUES (?, ?)", (ts, text))

@@ -222,6 +222,7 @@ class Pipeline(RuleBasedStateMachine):
     def state_round_trips_through_the_snapshot(self):
         dump = self.runtime.dump()
         text = json.dumps(dump, allow_nan=False)  # what the store writes: no NaN or Infinity anywhere
+        assert json.loads(self.runtime.snapshot_text()) == json.loads(text)  # written model by model: the same
         again = Brain.load(json.loads(text), self.runtime._brain.config)
         assert not again.load_problems, again.load_problems
         assert json.dumps(again.dump(), sort_keys=True) == json.dumps(json.loads(text), sort_keys=True)

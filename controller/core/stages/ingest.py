@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.core.budget import category_series
+from controller.core.budget import category_series, label_weight
 from controller.core.config import BudgetSettings
 from controller.core.engines import EngineBook
 from controller.core.learner import ModelState
@@ -83,8 +83,10 @@ def charge(ms: ModelState, digest, k_max: int) -> int:
         methods.setdefault(cat, set())
     if not methods and k <= ms.charged_k:
         return 0
-    before = sum(category_series(ms.charged_k, len(st.methods)) for st in ms.categories.values())
-    after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods))
+    before = sum(category_series(ms.charged_k, len(st.methods), label_weight(ms.name, c))
+                 for c, st in ms.categories.items())
+    after = sum(category_series(k, len(methods[c]) if c in methods else len(st.methods), label_weight(ms.name, c))
                 for c, st in ms.categories.items())
-    after += sum(category_series(k, len(m)) for c, m in methods.items() if c not in ms.categories)
+    after += sum(category_series(k, len(m), label_weight(ms.name, c)) for c, m in methods.items()
+                 if c not in ms.categories)
     return after - before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from controller.protocol import CATEGORY_PATTERN
 from controller.service.deps import RuntimeDep, SingleValuedQuery
@@ -14,9 +14,10 @@ from controller.service.openapi_bodies import responses
 router = APIRouter(prefix="/v1", tags=["categories"], dependencies=[SingleValuedQuery])
 
 
-@router.get("/categories", summary="Every (model, category) the controller has learned about")
-async def list_categories(runtime: RuntimeDep) -> list[dict[str, Any]]:
-    return runtime.categories()
+@router.get("/categories", response_model=list[dict[str, Any]],
+            summary="Every (model, category) the controller has learned about")
+async def list_categories(runtime: RuntimeDep) -> Response:
+    return Response(await runtime.categories(), media_type="application/json")  # encoded off the loop
 
 
 @router.get("/categories/{name}", responses=responses(404, 422), summary="One category")
@@ -25,7 +26,7 @@ async def get_category(
     name: Annotated[str, Path(pattern=CATEGORY_PATTERN)],
     model: Annotated[str | None, Query(min_length=1, max_length=256, description="restrict to one model")] = None,
 ) -> dict[str, Any]:
-    view = runtime.category(name, model)
+    view = await runtime.category(name, model)
     if view is None:
         raise BadInput(404, f"no data for category {name!r}" + (f" of model {model!r}" if model else ""))
     return view

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from controller.core.brain import category_key
 from controller.service.deps import AdminAuth, RuntimeDep, SingleValuedQuery, read_json
@@ -16,9 +16,9 @@ from controller.service.schemas import ForgetIn, Forgotten
 router = APIRouter(prefix="/v1", tags=["engines"], dependencies=[SingleValuedQuery])
 
 
-@router.get("/engines", summary="Engines that reported telemetry")
-async def list_engines(runtime: RuntimeDep) -> list[dict[str, Any]]:
-    return runtime.engines()
+@router.get("/engines", response_model=list[dict[str, Any]], summary="Engines that reported telemetry")
+async def list_engines(runtime: RuntimeDep) -> Response:
+    return Response(await runtime.engines(), media_type="application/json")  # encoded off the loop
 
 
 @router.post("/forget", openapi_extra=json_body(ForgetIn), responses=responses(400, 401, 403, 404, 415, 422, 503),
@@ -31,6 +31,7 @@ async def forget(request: Request, runtime: RuntimeDep, _: AdminAuth) -> Forgott
         kind, name = "category", category_key(body.model or "", body.category)
     else:
         kind, name = "model", body.model or ""
-    if not await runtime.forget(kind, name, actor=body.actor, reason=body.reason):
+    series = await runtime.forget(kind, name, actor=body.actor, reason=body.reason)
+    if series is None:
         raise BadInput(404, f"no {kind} {name!r} is known")
-    return Forgotten(kind=kind, engine=body.engine, model=body.model, category=body.category, series=runtime.series())
+    return Forgotten(kind=kind, engine=body.engine, model=body.model, category=body.category, series=series)

@@ -55,8 +55,7 @@ async def get_policy(
                           full_cuda_graphs=full_cuda_graphs)
     except ValidationError as exc:
         raise from_validation_error(exc, "query") from None
-    policy = runtime.policy(model, spec)
-    etag = policy_etag(policy)
+    policy, etag = await runtime.policy(model, spec, policy_etag)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)

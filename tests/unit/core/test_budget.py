@@ -129,3 +129,30 @@ def test_smaller_budget_on_restart_shrinks_least_recently_seen_first():
     assert back.series <= small.budget.max_series
     assert "old" not in {v.category for v in back.categories(2000.0)}
     assert back.load_problems
+
+
+#: Names at the protocol's limits: 63 bytes together (one charge per series before label bytes were charged),
+#: the longest ASCII model name, 4-byte characters, characters the text format escapes.
+HOSTILE_NAMES = {
+    "63 bytes": (lambda m: (f"m{m}-" + "x" * 64)[:30], lambda i: (f"c{i}-" + "y" * 64)[:33]),
+    "ascii": (lambda m: (f"m{m}-" + "x" * 256)[:256], lambda i: (f"c{i}-" + "y" * 64)[:64]),
+    "4-byte": (lambda m: (f"{m}" + "\U0001F600" * 256)[:256], lambda i: (f"c{i}-" + "y" * 64)[:64]),
+    "escaped": (lambda m: (f"{m}" + '\\"\n' * 90)[:256], lambda i: (f"c{i}-" + "y" * 64)[:64]),
+}
+
+
+@pytest.mark.parametrize("names", list(HOSTILE_NAMES), ids=list(HOSTILE_NAMES))
+def test_a_full_budget_scrape_stays_under_100_bytes_per_series_whatever_the_names(names):
+    """/metrics <= max_series x 100 bytes (+ the families' HELP/TYPE lines): 5 MB at the default budget."""
+    model_name, category = HOSTILE_NAMES[names]
+    budget = 10_000
+    b = make(max_series=budget)
+    for m in range(64):
+        try:
+            post(b, engine=(f"e{m}-" + "z" * 128)[:128], model=model_name(m), cats=[category(i) for i in range(60)],
+                 k=32, methods=("eagle3",))
+        except IngestRejected:
+            break
+    assert b.series > budget * 0.9  # filled
+    text, _ = render(b.metrics(1001.0), ServiceStats(snapshot_age_s=1.0), "")
+    assert len(text) <= budget * 100 + 16 * 1024, len(text)

@@ -176,3 +176,22 @@ def test_short_help_and_defaults_shown(flag):
 def test_version():
     result = run("--version")
     assert result.exit_code == 0 and result.output.startswith("specctl")
+
+
+def test_serve_help_names_every_variable_and_default():
+    """`serve --help` shows each option's variable and the setting's default (square brackets in a help text
+    are markup to the renderer, which dropped them with what they held)."""
+    from controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
+
+    result = runner.invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    lines = {line.split()[1]: line for line in result.output.splitlines() if line.strip("│ ").startswith("--")}
+    fields = {"host": ServerSettings, "port": ServerSettings, "log_level": ServerSettings, "db": StoreSettings,
+              "admin_host": AuthSettings, "admin_port": AuthSettings, "insecure_dev": AuthSettings,
+              "record_dir": RecordSettings}
+    for name, model in fields.items():
+        line = lines["--" + name.replace("_", "-")]
+        assert f"env SPECCTL_{name.upper()}" in line, line
+        default = model.model_fields[name].default
+        if default not in (None, False):
+            assert f"default {'./' if name == 'db' else ''}{default}" in line, line
