@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.support.vllm_server import free_port
+from bench.harness import free_port
 
 Observer = Callable[[dict], None]
 _HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}

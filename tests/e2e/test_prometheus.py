@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness import free_port
 from dashboards.generate import ALERTS, REPO_ROOT, build_all
 from dashboards.queries import PanelQuery, panel_queries, parse_label_values, substitute, variable_queries
 from tests.support.vllm_server import SERVED_MODEL
@@ -57,12 +57,6 @@ EVIDENCE_GATED: dict[tuple[str, str, str], tuple[str, Callable[[list[dict]], boo
         lambda categories: any(c["entropy"]["bits"] is not None for c in categories),
     ),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def host_port(url: str) -> str:
