@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results" / "overhead.json"
 GRAPH_RESULTS = ROOT / "bench" / "results" / "overhead_graph.json"

@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from controller import protocol
 from engine_patch.policy_table import EngineSpec, PolicyHolder

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -25,8 +24,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from bench.sim.fit_presets import fit_steps
 from controller.core.cost import PRESETS, CostCoefficients, step_shape

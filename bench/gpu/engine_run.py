@@ -1,8 +1,8 @@
 """One engine start of the GPU benchmark: time the concurrency sweep of one :class:`shapes.EngineConfig`.
 
-Run by ``run_bench.py`` as a child process (a crash or hang of one engine costs only that engine). For each
-concurrency c: ``warmup`` untimed rounds (specctl: repeated until ``learn_s`` seconds of that load have passed, so
-the controller has seen it), then ``repeat`` timed rounds of c fresh random 256-token prompts submitted together
+Run by ``run_bench.py`` as a child process, ``python -m bench.gpu.engine_run`` (a crash or hang of one engine costs
+only that engine). For each concurrency c: ``warmup`` untimed rounds (specctl: repeated until ``learn_s`` seconds of
+that load have passed, so the controller has seen it), then ``repeat`` timed rounds of c fresh random 256-token prompts submitted together
 (offline ``LLM.generate``, 128 output tokens, EOS ignored); the best round is kept. Each concurrency's row is
 appended to every ``--out`` file as soon as it is measured, so a call cut short keeps what it measured.
 """
@@ -19,8 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shapes import OUTPUT_TOKENS, PROFILES, PROMPT_TOKENS, SHAPES, EngineConfig, acceptance_rates, write_models  # noqa: E402
+from bench.gpu.shapes import (
+    OUTPUT_TOKENS,
+    PROFILES,
+    PROMPT_TOKENS,
+    SHAPES,
+    EngineConfig,
+    acceptance_rates,
+    write_models,
+)
 
 SPECCTL_SCHEDULER = "engine_patch.scheduler.SpecctlScheduler"
 SPECCTL_ASYNC_SCHEDULER = "engine_patch.scheduler.SpecctlAsyncScheduler"
