@@ -39,9 +39,9 @@ Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_t
 and in bench/results/tmp/cpu_engine/: recorded telemetry, request token traces (``specctl replay`` inputs) and
 a checkpoint (``--post-only`` recomputes the results from it).
 
-    python -m bench.cpu_engine --quick          # 2 prompts per category (16 prompts)
-    python -m bench.cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
-    python -m bench.cpu_engine --only no_spec,k=2 --quick    # a subset while developing (specctl always runs)
+    python -m bench cpu_engine --quick          # 2 prompts per category (16 prompts)
+    python -m bench cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
+    python -m bench cpu_engine --only no_spec,k=2 --quick    # a subset while developing (specctl always runs)
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ time also counts other processes' load) and as wall time; the cached call (what 
 
 Targets (issue 2): >= 200k request-steps/s per core; <= 1 ms decision per category.
 
-    python -m bench.ingest            # full run, writes bench/results/ingest.json
-    python -m bench.ingest --quick    # fewer batches (smoke)
+    python -m bench ingest            # full run, writes bench/results/ingest.json
+    python -m bench ingest --quick    # fewer batches (smoke)
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench ingest", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches and calls (smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

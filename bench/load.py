@@ -18,8 +18,8 @@ Measured and written to ``bench/results/load.json`` (and printed):
 Targets: p99 <= 50 ms and RSS <= 200 MB. Exit status 0 whether or not targets are met (the JSON says);
 1 only when acknowledged batches were lost or double-counted, since that is a correctness failure.
 
-    python -m bench.load                    # full run (60 s)
-    python -m bench.load --duration 10      # smoke run
+    python -m bench load                    # full run (60 s)
+    python -m bench load --duration 10      # smoke run
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   (``process_time_ns``): the hook's own cost without the noise of a real step or of other processes, divided
   by the engine's measured step time at the same N.
 
-Usage: ``python -m bench.overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``
+Usage: ``python -m bench overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``
 (a skipped part keeps its rows from the existing results file).
 The reporter thread is off (``SPECCTL_CONTROLLER_URL=off``): it runs beside the engine loop, not in it.
 """

@@ -2,7 +2,7 @@
 
 Order: the controller-only benchmarks first (ingest, load, simulator, the reporter thread's cost), then the
 ones that start the real vLLM CPU engine (patch overhead, the spread between identical engines, the
-side-by-side CPU engine comparison; ``python -m bench.cpu.stats`` adds intervals to the latter's results). `--quick` runs each in its smoke
+side-by-side CPU engine comparison; ``python -m bench cpu.stats`` adds intervals to the latter's results). `--quick` runs each in its smoke
 mode. A failing benchmark is reported and the others still run; the exit code is non-zero if any failed.
 """
 

@@ -7,7 +7,7 @@ drift of the machine cancels), never two at once. Identical engines serving iden
 measure the same goodput; the spread between them (max / min, and each engine over the mean of the others)
 is what no pairing of two engines can resolve.
 
-    python -m bench.cpu.identical [--engines 4] [--rounds 3] [--concurrency 1] [--k 4]
+    python -m bench cpu.identical [--engines 4] [--rounds 3] [--concurrency 1] [--k 4]
 
 Writes bench/results/cpu_identical_engines.json: goodput per engine (in start order) per round and overall.
 """

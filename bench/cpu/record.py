@@ -11,7 +11,7 @@ that the controller accepted, after it was forwarded, on the proxy's event loop:
     ... engine with SPECCTL_CONTROLLER_URL=proxy.url ...
     proxy.stop()
 
-Used as a library by the CPU benchmark; ``python -m bench.cpu.record --upstream URL --out FILE`` runs it
+Used as a library by the CPU benchmark; ``python -m bench cpu.record --upstream URL --out FILE`` runs it
 standalone (Ctrl-C to stop).
 """
 

@@ -23,7 +23,7 @@ or several runs of the same code; configurations pool across runs as in :mod:`be
 stay apart per run: their pins were chosen per run). ``--add-chunks CHECKPOINT RESULTS`` writes the chunk
 figures of an earlier run into its results from the run's checkpoint.
 
-    python -m bench.cpu.stats bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
+    python -m bench cpu.stats bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
         --out bench/results/cpu_engine_stats.json
 """
 

@@ -7,8 +7,8 @@ category's k, so every step runs one width K in (7, 4, 2, 1, 0); for each K and 
 prompts submitted together (offline ``LLM.generate``) after a warm-up round. Rows (JSONL) hold tok/s per round,
 vLLM's spec-decode counters and the CUDA-graph dispatch counts of the round (``accept_plugin``'s file).
 
-    python3 -m bench.gpu.premise --engine specctl --out $OUT/premise.jsonl
-    python3 -m bench.gpu.premise --engine plain --out $OUT/premise.jsonl
+    python3 -m bench gpu.premise --engine specctl --out $OUT/premise.jsonl
+    python3 -m bench gpu.premise --engine plain --out $OUT/premise.jsonl
 """
 
 from __future__ import annotations
