@@ -45,7 +45,7 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, *, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready{tail()}")
+            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up{tail()}")
         try:
             response = client.get(url) if client is not None else httpx.get(url, timeout=request_timeout_s)
             if response.status_code == 200:
