@@ -74,18 +74,18 @@ def build_llm(cfg: EngineConfig, args: argparse.Namespace):
     resolved_async = resolve_async(cfg, args.async_scheduling, vllm.__version__)
     if not args.cuda:
         resolved_async = False  # the CPU platform forces it off
-    kwargs = dict(
-        model=str(target),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        max_model_len=PROMPT_TOKENS + OUTPUT_TOKENS + 64,
-        max_num_seqs=max(cfg.concurrency),
-        seed=0,
-        disable_log_stats=False,  # spec-decode counters come from the stats loggers
-        speculative_config=speculative_config(cfg, draft, synthetic=args.cuda),
-        enforce_eager=args.eager,
-    )
+    kwargs = {
+        "model": str(target),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "max_model_len": PROMPT_TOKENS + OUTPUT_TOKENS + 64,
+        "max_num_seqs": max(cfg.concurrency),
+        "seed": 0,
+        "disable_log_stats": False,  # spec-decode counters come from the stats loggers
+        "speculative_config": speculative_config(cfg, draft, synthetic=args.cuda),
+        "enforce_eager": args.eager,
+    }
     if args.cuda:
         # Explicit, so that the scheduler class below always matches the mode vLLM runs (same value as its default
         # under "auto").
@@ -158,7 +158,7 @@ def controller_view(category: str) -> dict | None:
 
         response = httpx.get(f"{url.rstrip('/')}/v1/categories/{category}", timeout=2.0)
         return response.json() if response.status_code == 200 else {"status": response.status_code}
-    except Exception as exc:  # the row is still worth writing without it
+    except Exception as exc:  # noqa: BLE001 (the row is still worth writing without it)
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(wall) == 0:
         print("no steps", file=sys.stderr)
         return 1
-    fit, fit_err = refit(shapes, wall)
+    fit, _fit_err = refit(shapes, wall)
     models = {"preset h200 (code)": H200}
     if args.snapshot and args.snapshot.exists():
         models.update({f"controller learned ({Path(m).name})": c for m, c in learned(args.snapshot).items()})
