@@ -39,9 +39,9 @@ Outputs: bench/results/cpu_engine.json, PNG plots beside it, bench/results/cpu_t
 and in bench/results/tmp/cpu_engine/: recorded telemetry, request token traces (``specctl replay`` inputs) and
 a checkpoint (``--post-only`` recomputes the results from it).
 
-    python -m bench.cpu_engine --quick          # 2 prompts per category (16 prompts)
-    python -m bench.cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
-    python -m bench.cpu_engine --only no_spec,k=2 --quick    # a subset while developing (specctl always runs)
+    python -m bench cpu_engine --quick          # 2 prompts per category (16 prompts)
+    python -m bench cpu_engine                  # 16 per category at concurrency 8 (128 prompts), 4 at 1 (32)
+    python -m bench cpu_engine --only no_spec,k=2 --quick    # a subset while developing (specctl always runs)
 """
 
 from __future__ import annotations
@@ -57,14 +57,12 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from tqdm import tqdm
 
 from bench.cpu import engines, measure, oracle, report, stats, traces
 from bench.cpu.driver import Phase, run_phase, touch
-from bench.cpu.workload import bench_workload, key
+from bench.cpu.workload import bench_workload, chunk_size, key
 from controller import replay_cli
 from controller.core import replay as replay_core
 from controller.core import whatif
@@ -432,12 +430,6 @@ class Bench:
                            "choices": {n: r["choice"] for n, r in rep["policies"].items()
                                        if n in ("goodput", "oracle")}}
         return out
-
-
-def chunk_size(c: int) -> int:
-    """Prompts per alternation chunk: one per category per 4 concurrent requests (16 at c=8, 8 at c=1), long
-    enough to hold the concurrency, short enough that load changes on the machine hit both sides alike."""
-    return len(CATEGORIES) * max(1, c // 4)
 
 
 def merge(phases: list[Phase], c: int) -> Phase:

@@ -21,8 +21,8 @@ time also counts other processes' load) and as wall time; the cached call (what 
 
 Targets (issue 2): >= 200k request-steps/s per core; <= 1 ms decision per category.
 
-    python -m bench.ingest            # full run, writes bench/results/ingest.json
-    python -m bench.ingest --quick    # fewer batches (smoke)
+    python -m bench ingest            # full run, writes bench/results/ingest.json
+    python -m bench ingest --quick    # fewer batches (smoke)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import free_port, proc_cpu_seconds, start_controller, wait_http
 from controller.core.brain import Brain
 from controller.core.config import BrainConfig
 from controller.protocol import SpecConfig, TelemetryBatch
@@ -152,20 +153,6 @@ def bench_layers(profile: Profile, n_batches: int) -> dict[str, Any]:
     }
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, seconds (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_http(raws: list[bytes], per_batch: int) -> dict[str, Any]:
     """POST every batch to a real ``specctl serve`` on loopback; CPU measured on the server process only."""
     import subprocess
@@ -173,27 +160,28 @@ def bench_http(raws: list[bytes], per_batch: int) -> dict[str, Any]:
     import httpx
 
     token = "bench-ingest-token-0123456789"
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCTL_")}
         env.update({"SPECCTL_INGEST_TOKEN": token, "SPECCTL_ADMIN_TOKEN": "bench-admin-token-0123456789",
                     "SPECCTL_DB": str(Path(tmp) / "bench.db"), "SPECCTL_ACCESS_LOG": "false",
                     "SPECCTL_LOG_LEVEL": "warning"})
-        proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--port", str(port)], env=env,
-                                cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = start_controller(port, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                new_session=False)
         url = f"http://127.0.0.1:{port}"
         try:
             with httpx.Client(base_url=url, timeout=30,
                               headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as c:
-                _wait_ready(c, proc)
+                wait_http("/readyz", proc, client=c, interval_s=0.1, what="specctl serve",
+                          detail=lambda: proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "")
                 c.post("/v1/telemetry", content=raws[0]).raise_for_status()  # warm-up (first policy)
                 latencies = []
-                cpu0, wall0 = _proc_cpu_s(proc.pid), time.perf_counter()
+                cpu0, wall0 = proc_cpu_seconds(proc.pid), time.perf_counter()
                 for raw in raws[1:]:
                     t0 = time.perf_counter()
                     c.post("/v1/telemetry", content=raw).raise_for_status()
                     latencies.append((time.perf_counter() - t0) * 1000)
-                cpu, wall = _proc_cpu_s(proc.pid) - cpu0, time.perf_counter() - wall0
+                cpu, wall = proc_cpu_seconds(proc.pid) - cpu0, time.perf_counter() - wall0
         finally:
             proc.terminate()
             proc.wait(30)
@@ -202,22 +190,6 @@ def bench_http(raws: list[bytes], per_batch: int) -> dict[str, Any]:
     out["post_latency_ms"] = {"median": round(statistics.median(latencies), 3),
                               "p99": round(float(np.percentile(latencies, 99)), 3)}
     return out
-
-
-def _wait_ready(client: Any, proc: Any) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"specctl serve exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass  # not listening yet
-        time.sleep(0.1)
-    raise RuntimeError("specctl serve not ready after 60 s")
 
 
 def bench_decisions(n_categories: int, k_max: int, calls: int) -> dict[str, Any]:
@@ -282,7 +254,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench ingest", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches and calls (smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

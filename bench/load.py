@@ -18,8 +18,8 @@ Measured and written to ``bench/results/load.json`` (and printed):
 Targets: p99 <= 50 ms and RSS <= 200 MB. Exit status 0 whether or not targets are met (the JSON says);
 1 only when acknowledged batches were lost or double-counted, since that is a correctness failure.
 
-    python -m bench.load                    # full run (60 s)
-    python -m bench.load --duration 10      # smoke run
+    python -m bench load                    # full run (60 s)
+    python -m bench load --duration 10      # smoke run
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -45,6 +43,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import RssSampler, free_port, proc_cpu_seconds, proc_status_kb, start_controller, wait_http
 from controller.protocol import TelemetryBatch
 
 CATEGORIES = ("prose", "structured", "code", "tool_call")
@@ -256,66 +255,19 @@ def _worker(indices: list[int], url: str, token: str, cfg: LoadConfig, start_wal
     out.close()
 
 
-# ---- server process and /proc sampling -------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ---- server process and /proc sampling (bench.harness; the names stay importable from here) --------
+_free_port = free_port
 
 
 def start_server(db: Path, port: int, ingest_token: str, admin_token: str, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, SPECCTL_DB=str(db), SPECCTL_INGEST_TOKEN=ingest_token, SPECCTL_ADMIN_TOKEN=admin_token,
                SPECCTL_LOG_LEVEL="warning", SPECCTL_ACCESS_LOG="false")  # as advised for many engines
-    cmd = [sys.executable, "-m", "controller", "serve",
-           "--host", "127.0.0.1", "--port", str(port)]
-    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log_path.write_bytes(b"")
+    return start_controller(port, env=env, stdout=log_path)
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"controller exited with {proc.returncode} before it was ready")
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"controller at {url} not ready after {timeout_s} s")
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in ticks
-
-
-def proc_status_kb(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-class RssSampler(threading.Thread):
-    def __init__(self, pid: int, every_s: float = 0.5):
-        super().__init__(daemon=True)
-        self.pid, self.every_s = pid, every_s
-        self.samples_kb: list[int] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                self.samples_kb.append(proc_status_kb(self.pid, "VmRSS"))
-            except OSError:
-                return
-            self._halt.wait(self.every_s)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
+    wait_http(url + "/readyz", proc, timeout_s=timeout_s, what="controller")
 
 
 # ---- reconciliation --------------------------------------------------------------------------

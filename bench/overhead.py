@@ -15,7 +15,7 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   (``process_time_ns``): the hook's own cost without the noise of a real step or of other processes, divided
   by the engine's measured step time at the same N.
 
-Usage: ``python -m bench.overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``
+Usage: ``python -m bench overhead [--sizes 1,2,4,...,256] [--tokens 32] [--skip-engine] [--skip-micro]``
 (a skipped part keeps its rows from the existing results file).
 The reporter thread is off (``SPECCTL_CONTROLLER_URL=off``): it runs beside the engine loop, not in it.
 """
@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results" / "overhead.json"
 GRAPH_RESULTS = ROOT / "bench" / "results" / "overhead_graph.json"

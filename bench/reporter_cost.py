@@ -9,7 +9,7 @@ step), and each post's CPU time is taken on the posting thread (``time.thread_ti
 work, none of the controller's). The share of one core the thread takes at a report interval ``I`` with
 ``s`` engine steps per second is ``cost(steps per post = s * I) / I``.
 
-    python -m bench.reporter_cost [--posts 300] [--steps-per-post 1,5,10,25]
+    python -m bench reporter_cost [--posts 300] [--steps-per-post 1,5,10,25]
 
 Writes bench/results/reporter_cost.json: median and p90 CPU microseconds per post for each batch size, and
 the share of a core at report intervals 0.1-1 s for an engine stepping 10 and 60 times a second.
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from controller import protocol
 from engine_patch.policy_table import EngineSpec, PolicyHolder

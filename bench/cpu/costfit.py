@@ -2,22 +2,21 @@
 
 The fit itself is :func:`bench.sim.fit_presets.fit_steps` (non-negative least squares of the step-cost model
 of controller/core/cost.py on every recorded step, absolute seconds), the same as
-``python -m bench.sim.fit_presets --steps FILE``; this module only gathers the telemetry files the benchmark
+``python -m bench sim.fit_presets --steps FILE``; this module only gathers the telemetry files the benchmark
 left (every patched engine: specctl, ema_tiers, oracle pins, specctl variants; warm-ups included), and
 reports (with knee 0 the two per-token terms are one feature: the refit's are summed into ``per_token``)
 how well the refit and the preset in the code (``controller.core.cost.PRESETS["cpu"]``) predict the
 same steps: rms error in milliseconds, rms and median relative error, and the mean measured vs predicted
 step time per batch size and per drafted-token bucket.
 
-    python -m bench.cpu.costfit                       # writes bench/results/cpu_cost_fit.json
-    python -m bench.cpu.costfit --telemetry DIR --knee 0 --out FILE
+    python -m bench cpu.costfit                       # writes bench/results/cpu_cost_fit.json
+    python -m bench cpu.costfit --telemetry DIR --knee 0 --out FILE
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -25,8 +24,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from bench.sim.fit_presets import fit_steps
 from controller.core.cost import PRESETS, CostCoefficients, step_shape

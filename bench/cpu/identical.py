@@ -7,7 +7,7 @@ drift of the machine cancels), never two at once. Identical engines serving iden
 measure the same goodput; the spread between them (max / min, and each engine over the mean of the others)
 is what no pairing of two engines can resolve.
 
-    python -m bench.cpu.identical [--engines 4] [--rounds 3] [--concurrency 1] [--k 4]
+    python -m bench cpu.identical [--engines 4] [--rounds 3] [--concurrency 1] [--k 4]
 
 Writes bench/results/cpu_identical_engines.json: goodput per engine (in start order) per round and overall.
 """
@@ -21,8 +21,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from bench.cpu import engines
 from bench.cpu.driver import run_phase, touch

@@ -7,7 +7,7 @@ of goodputs measured in the same minutes, now over more chunks. The hindsight or
 per run, so oracle runs are kept apart (``oracle-model@2``); the best of them and of the static runs is the
 oracle, as in a single run. Only runs of the same policy code should be pooled: the caller names them.
 
-    python -m bench.cpu.pool bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
+    python -m bench cpu.pool bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
         --out bench/results/cpu_engine_pooled.json
 """
 

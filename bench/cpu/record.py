@@ -11,7 +11,7 @@ that the controller accepted, after it was forwarded, on the proxy's event loop:
     ... engine with SPECCTL_CONTROLLER_URL=proxy.url ...
     proxy.stop()
 
-Used as a library by the CPU benchmark; ``python -m bench.cpu.record --upstream URL --out FILE`` runs it
+Used as a library by the CPU benchmark; ``python -m bench cpu.record --upstream URL --out FILE`` runs it
 standalone (Ctrl-C to stop).
 """
 
@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.support.vllm_server import free_port
+from bench.harness import free_port
 
 Observer = Callable[[dict], None]
 _HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}

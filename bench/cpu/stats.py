@@ -23,7 +23,7 @@ or several runs of the same code; configurations pool across runs as in :mod:`be
 stay apart per run: their pins were chosen per run). ``--add-chunks CHECKPOINT RESULTS`` writes the chunk
 figures of an earlier run into its results from the run's checkpoint.
 
-    python -m bench.cpu.stats bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
+    python -m bench cpu.stats bench/results/cpu_engine_run1.json bench/results/cpu_engine.json \\
         --out bench/results/cpu_engine_stats.json
 """
 
@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cpu.oracle import static_k
+from bench.cpu.workload import chunk_size
 
 Pair = tuple[tuple[float, float], tuple[float, float]]  # ((tokens_X, wall_X), (tokens_S, wall_S))
 DRAWS = 4000
@@ -182,8 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the analysis here (JSON)")
     args = ap.parse_args(argv)
     if args.add_chunks:
-        from bench.cpu_engine import chunk_size
-
         ck, res = (Path(p) for p in args.add_chunks)
         try:
             n = add_chunks(ck, res, {c: chunk_size(c) for c in (1, 8)})

@@ -153,3 +153,9 @@ def bench_workload(per_category: int, seed: int = 0, categories: tuple[str, ...]
         if len(chosen[c]) < per_category:
             raise ValueError(f"only {len(chosen[c])} distinct {c} prompts available, {per_category} asked")
     return [chosen[c][i] for i in range(per_category) for c in categories]
+
+
+def chunk_size(c: int) -> int:
+    """Prompts per alternation chunk: one per category per 4 concurrent requests (16 at c=8, 8 at c=1), long
+    enough to hold the concurrency, short enough that load changes on the machine hit both sides alike."""
+    return len(CATEGORIES) * max(1, c // 4)

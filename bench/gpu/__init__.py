@@ -1,1 +1,1 @@
-"""The GPU benchmark (vLLM on a GPU host); its modules also run as scripts."""
+"""The GPU benchmark (vLLM on a GPU host); run from the repository root as ``python -m bench gpu.<name>``."""

@@ -13,7 +13,6 @@ from importlib import metadata
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-
 from wheelset import TRIMMED, canonical
 
 

@@ -1,8 +1,8 @@
 """One engine start of the GPU benchmark: time the concurrency sweep of one :class:`shapes.EngineConfig`.
 
-Run by ``run_bench.py`` as a child process (a crash or hang of one engine costs only that engine). For each
-concurrency c: ``warmup`` untimed rounds (specctl: repeated until ``learn_s`` seconds of that load have passed, so
-the controller has seen it), then ``repeat`` timed rounds of c fresh random 256-token prompts submitted together
+Run by ``run_bench.py`` as a child process, ``python -m bench.gpu.engine_run`` (a crash or hang of one engine costs
+only that engine). For each concurrency c: ``warmup`` untimed rounds (specctl: repeated until ``learn_s`` seconds of
+that load have passed, so the controller has seen it), then ``repeat`` timed rounds of c fresh random 256-token prompts submitted together
 (offline ``LLM.generate``, 128 output tokens, EOS ignored); the best round is kept. Each concurrency's row is
 appended to every ``--out`` file as soon as it is measured, so a call cut short keeps what it measured.
 """
@@ -19,8 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shapes import OUTPUT_TOKENS, PROFILES, PROMPT_TOKENS, SHAPES, EngineConfig, acceptance_rates, write_models  # noqa: E402
+from bench.gpu.shapes import (
+    OUTPUT_TOKENS,
+    PROFILES,
+    PROMPT_TOKENS,
+    SHAPES,
+    EngineConfig,
+    acceptance_rates,
+    write_models,
+)
 
 SPECCTL_SCHEDULER = "engine_patch.scheduler.SpecctlScheduler"
 SPECCTL_ASYNC_SCHEDULER = "engine_patch.scheduler.SpecctlAsyncScheduler"
@@ -67,18 +74,18 @@ def build_llm(cfg: EngineConfig, args: argparse.Namespace):
     resolved_async = resolve_async(cfg, args.async_scheduling, vllm.__version__)
     if not args.cuda:
         resolved_async = False  # the CPU platform forces it off
-    kwargs = dict(
-        model=str(target),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        max_model_len=PROMPT_TOKENS + OUTPUT_TOKENS + 64,
-        max_num_seqs=max(cfg.concurrency),
-        seed=0,
-        disable_log_stats=False,  # spec-decode counters come from the stats loggers
-        speculative_config=speculative_config(cfg, draft, synthetic=args.cuda),
-        enforce_eager=args.eager,
-    )
+    kwargs = {
+        "model": str(target),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "max_model_len": PROMPT_TOKENS + OUTPUT_TOKENS + 64,
+        "max_num_seqs": max(cfg.concurrency),
+        "seed": 0,
+        "disable_log_stats": False,  # spec-decode counters come from the stats loggers
+        "speculative_config": speculative_config(cfg, draft, synthetic=args.cuda),
+        "enforce_eager": args.eager,
+    }
     if args.cuda:
         # Explicit, so that the scheduler class below always matches the mode vLLM runs (same value as its default
         # under "auto").
@@ -151,7 +158,7 @@ def controller_view(category: str) -> dict | None:
 
         response = httpx.get(f"{url.rstrip('/')}/v1/categories/{category}", timeout=2.0)
         return response.json() if response.status_code == 200 else {"status": response.status_code}
-    except Exception as exc:  # the row is still worth writing without it
+    except Exception as exc:  # noqa: BLE001 (the row is still worth writing without it)
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 

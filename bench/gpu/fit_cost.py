@@ -10,7 +10,7 @@ knee grid. Printed and written to ``--out``: the refit coefficients, and the rms
 steps of (a) the H200 preset in the code, (b) the controller's learned model, (c) the refit. ``--plot`` draws
 measured and modelled step time against batch size per drafting depth.
 
-    python3 bench/gpu/fit_cost.py bench/gpu/results/steps.jsonl.gz --snapshot bench/gpu/results/controller_snapshot.json \\
+    python3 -m bench gpu.fit_cost bench/gpu/results/steps.jsonl.gz --snapshot bench/gpu/results/controller_snapshot.json \\
         --out bench/gpu/results/h200_cost_fit.json --plot bench/gpu/results/h200_cost_fit.png
 """
 
@@ -24,12 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from bench.sim.fit_presets import _nnls  # noqa: E402
-from controller.core.config import LearnerSettings  # noqa: E402
-from controller.core.cost import H200, PRESETS, CostCoefficients, OnlineCostModel, features, step_shape  # noqa: E402
-from controller.protocol import TelemetryBatch  # noqa: E402
+from bench.sim.fit_presets import _nnls
+from controller.core.config import LearnerSettings
+from controller.core.cost import H200, PRESETS, CostCoefficients, OnlineCostModel, features, step_shape
+from controller.protocol import TelemetryBatch
 
 
 def load_steps(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -134,14 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(wall) == 0:
         print("no steps", file=sys.stderr)
         return 1
-    fit, fit_err = refit(shapes, wall)
+    fit, _fit_err = refit(shapes, wall)
     models = {"preset h200 (code)": H200}
     if args.snapshot and args.snapshot.exists():
         models.update({f"controller learned ({Path(m).name})": c for m, c in learned(args.snapshot).items()})
     models["refit"] = fit
     errors = {name: rel_rms(predict(c, shapes), wall) for name, c in models.items()}
     result = {
-        "steps": int(len(wall)),
+        "steps": len(wall),
         "batch_sizes": sorted({int(n) for n in shapes[:, 0]})[:64],
         "depths": sorted({int(d) for d in shapes[:, 2]}),
         "refit": fit.to_dict(),

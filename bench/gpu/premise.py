@@ -7,8 +7,8 @@ category's k, so every step runs one width K in (7, 4, 2, 1, 0); for each K and 
 prompts submitted together (offline ``LLM.generate``) after a warm-up round. Rows (JSONL) hold tok/s per round,
 vLLM's spec-decode counters and the CUDA-graph dispatch counts of the round (``accept_plugin``'s file).
 
-    python3 -m bench.gpu.premise --engine specctl --out $OUT/premise.jsonl
-    python3 -m bench.gpu.premise --engine plain --out $OUT/premise.jsonl
+    python3 -m bench gpu.premise --engine specctl --out $OUT/premise.jsonl
+    python3 -m bench gpu.premise --engine plain --out $OUT/premise.jsonl
 """
 
 from __future__ import annotations
@@ -111,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="specctl-premise-"))
     dist = write_plugin_dist(work / "dist")
-    os.environ["PYTHONPATH"] = f"{dist}:{os.environ.get('PYTHONPATH', '')}"
+    os.environ["PYTHONPATH"] = f"{dist}:{os.environ.get('PYTHONPATH', '')}"  # vLLM's spawned EngineCore process
+    # The one sys.path edit left in bench/ (tests/unit/bench/test_entry_point.py allows it): vLLM builds the LLM in
+    # this process and discovers its general plugins here too, through importlib.metadata entry points, which are
+    # read from the *.dist-info folders directly inside the sys.path entries at the time of the call; PYTHONPATH
+    # set now only reaches child processes.
     sys.path.insert(0, str(dist))
     dispatch_file = work / "dispatch.json"
     os.environ.update({"VLLM_USE_V2_MODEL_RUNNER": "1", "SPECCTL_BENCH_DISPATCH_FILE": str(dispatch_file),

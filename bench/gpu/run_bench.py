@@ -2,7 +2,7 @@
 
 Engine starts, in order (``shapes.plan``): specctl on the high (beta=0.85) and low (beta=0.45) acceptance
 profiles, plain decoding, static k in {1, 2, 4, 7} and vLLM's batch-size K table on the high profile. Each engine
-runs as a child process (``engine_run.py``) and appends one JSON row per concurrency to ``--results`` (and to
+runs as a child process (``python -m bench.gpu.engine_run``) and appends one JSON row per concurrency to ``--results`` (and to
 every ``--mirror`` folder) as soon as it is measured; a later call skips what is already there, so a sweep
 longer than one device call (10 minutes) is finished by the next one.
 
@@ -10,8 +10,8 @@ specctl engines start with k_max=7 and the patch's scheduler, against a controll
 loopback (``python -m controller serve --insecure-dev``, SQLite in ``--state-dir``). Baseline engines run with
 reporting off and vLLM's general plugins disabled, i.e. unpatched vLLM.
 
-    python3 bench/gpu/run_bench.py --results R.jsonl --budget-s 540 [--mirror $OUT] [--only base,k4-high]
-    python3 bench/gpu/run_bench.py --results R.jsonl --shape tiny --eager   # CPU smoke test of the harness
+    python3 -m bench gpu.run_bench --results R.jsonl --budget-s 540 [--mirror $OUT] [--only base,k4-high]
+    python3 -m bench gpu.run_bench --results R.jsonl --shape tiny --eager   # CPU smoke test of the harness
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,15 +31,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-if __package__:  # imported as bench.gpu.run_bench (the steady-load sweep reuses its controller launcher)
-    from .shapes import EngineConfig, plan
-    from .table import load, render, targets
-    from .tap import Tap
-else:  # run as a script: bench/gpu/run_bench.py
-    sys.path.insert(0, str(HERE))
-    from shapes import EngineConfig, plan
-    from table import load, render, targets
-    from tap import Tap
+
+from bench.gpu.shapes import EngineConfig, plan
+from bench.gpu.table import load, render, targets
+from bench.gpu.tap import Tap
+from bench.harness import free_port, start_controller, wait_http
 
 #: Seconds assumed for an engine start (8B dummy weights with torch.compile and CUDA graphs took 27-90 s on the H200).
 STARTUP_GUESS_S = 90.0
@@ -53,12 +48,6 @@ def engine_guess_s(rows: dict[tuple[str, int], dict], cfg: EngineConfig) -> floa
     starts = [r["startup_s"] for r in rows.values() if "startup_s" in r]
     startup = max(starts) + 15.0 if starts else STARTUP_GUESS_S
     return startup + SWEEP_GUESS_S * (2 if cfg.specctl else 1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Controller:
@@ -87,18 +76,11 @@ class Controller:
         self.url = f"http://127.0.0.1:{port}"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "SPECCTL_DB": str(self.state_dir / "specctl.db"), "SPECCTL_POLICY_COST_PRESET": self.preset}
-        cmd = [sys.executable, "-m", "controller", "serve", "--host", "127.0.0.1", "--port", str(port), "--insecure-dev"]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited with {self.proc.returncode}; see {self.log}")
-            if self.get("/readyz", quiet=True) is not None:
-                print(f"controller ready at {self.url} (preset {self.preset})", flush=True)
-                return self.url
-            time.sleep(0.3)
-        raise RuntimeError(f"controller not ready after 30 s; see {self.log}")
+        self.proc = start_controller(port, "--insecure-dev", env=env, cwd=REPO, stdout=self.log)
+        wait_http(self.url + "/readyz", self.proc, timeout_s=30, interval_s=0.3, request_timeout_s=5.0,
+                  what="controller", detail=lambda: f"see {self.log}")
+        print(f"controller ready at {self.url} (preset {self.preset})", flush=True)
+        return self.url
 
     def get(self, path: str, quiet: bool = False):
         import httpx
@@ -155,6 +137,9 @@ def child_env(cfg: EngineConfig, controller: Controller | None) -> dict[str, str
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the child touched CUDA (is_available) before vLLM starts
+    # The child runs as ``python -m bench.gpu.engine_run``: the repository root on its path (and its workers').
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                                                       else []))
     if cfg.specctl:
         assert controller is not None
         env["SPECCTL_CONTROLLER_URL"] = controller.engine_url()
@@ -172,7 +157,7 @@ def child_env(cfg: EngineConfig, controller: Controller | None) -> dict[str, str
 def run_engine(cfg: EngineConfig, args: argparse.Namespace, done: set[int], deadline: float,
                controller: Controller | None) -> int:
     outs = [args.results] + [m / args.results.name for m in args.mirror]
-    cmd = [sys.executable, str(HERE / "engine_run.py"), "--config", cfg.to_json(), "--shape", args.shape,
+    cmd = [sys.executable, "-m", "bench.gpu.engine_run", "--config", cfg.to_json(), "--shape", args.shape,
            "--models-dir", str(args.state_dir / "models"), "--deadline", str(deadline),
            "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--async-scheduling", args.async_scheduling]
     if cfg.specctl:

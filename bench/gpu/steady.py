@@ -12,7 +12,7 @@ rounds of ``--round-s`` seconds. A round starts and ends at a fresh snapshot of 
 (``accept_plugin.py``), so its target step count is exact to about one step. One JSON row per point is appended
 to every ``--out`` file as soon as it is measured.
 
-    python3 -m bench.gpu.steady --engine '{"name": "k4", "k": 4}' --points '[...]' --out R.jsonl
+    python3 -m bench gpu.steady --engine '{"name": "k4", "k": 4}' --points '[...]' --out R.jsonl
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ static setting's (plain or static k, chosen per cell in hindsight) of the same r
 shows the oracle (each category pinned to its own best static k). Ratios only ever compare rows of one results
 file (one machine, one session).
 
-    python3 -m bench.gpu.steady_table RESULTS.jsonl
+    python3 -m bench gpu.steady_table RESULTS.jsonl
 """
 
 from __future__ import annotations

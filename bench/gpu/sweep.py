@@ -13,10 +13,10 @@ benchmark plugin (``accept_plugin.py``: per-category acceptance, dispatch counts
 on its ``PYTHONPATH``; specctl engines and the K-table engine (for its start-up backport) also load the specctl
 plugin.
 
-    python3 -m bench.gpu.sweep --results R.jsonl --state-dir D --budget-s 540 [--mirror $OUT] [--only plain,k4]
-    python3 -m bench.gpu.sweep --results R.jsonl --oracle          # + the mixed-profile hindsight oracle
-    python3 -m bench.gpu.sweep --results R.jsonl --only oracle     # only the oracle (after the static rows)
-    python3 -m bench.gpu.sweep --results R.jsonl --premise         # only the pinned-width step-cost check
+    python3 -m bench gpu.sweep --results R.jsonl --state-dir D --budget-s 540 [--mirror $OUT] [--only plain,k4]
+    python3 -m bench gpu.sweep --results R.jsonl --oracle          # + the mixed-profile hindsight oracle
+    python3 -m bench gpu.sweep --results R.jsonl --only oracle     # only the oracle (after the static rows)
+    python3 -m bench gpu.sweep --results R.jsonl --premise         # only the pinned-width step-cost check
 """
 
 from __future__ import annotations

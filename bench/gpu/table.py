@@ -3,7 +3,7 @@
 Ratios are always against the ``base`` row of the *same* results file (same machine, same session); the shared
 earlier measurement can be shown beside it for reference, never mixed into a ratio.
 
-    python3 bench/gpu/table.py RESULTS.jsonl [--reference ../shared/data/h200_vllm026_static_k.jsonl]
+    python3 -m bench gpu.table RESULTS.jsonl [--reference ../shared/data/h200_vllm026_static_k.jsonl]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A recording pass-through between the engine patch's reporter and the controller (benchmark only).
 
 The controller keeps what it learns from step timings (its cost-model fit), not the timings themselves. To fit a
-cost preset offline (``python -m bench.sim.fit_presets --steps FILE``, ``bench/gpu/fit_cost.py``) and plot it
+cost preset offline (``python -m bench sim.fit_presets --steps FILE``, ``bench/gpu/fit_cost.py``) and plot it
 against measurements, the benchmark points ``SPECCTL_CONTROLLER_URL`` of its specctl engines at this tap, which
 forwards every request unchanged and appends the body of each accepted ``POST /v1/telemetry`` (one
 TelemetryBatch per line) to a JSONL file. It adds a loopback hop to the reporter's thread, never to the engine

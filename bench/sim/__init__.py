@@ -1,1 +1,1 @@
-"""Trace-driven simulator of speculative decoding at batch sizes this machine cannot run (see bench/sim.py)."""
+"""Trace-driven simulator of speculative decoding at batch sizes this machine cannot run (``python -m bench sim``, bench/sim/run.py)."""

@@ -5,7 +5,7 @@ with evidence (the most expensive case: every option is open). Prints median and
 decision and per category, and the median CPU time (process_time: not inflated by waiting for a CPU on a
 busy machine); the machine's load average goes into bench/results/decide.json with the figures.
 
-    python -m bench.sim.decide_bench
+    python -m bench sim.decide
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ For each knee on a 16-token grid the coefficients are a non-negative least-squar
 error (every row divided by its measured seconds); the knee with the lowest rms wins. Printed: the
 coefficients (as in controller.core.cost.H200), the rms relative error and the per-run residuals.
 
-    python -m bench.sim.fit_presets                 # refit and compare with the preset in the code
-    python -m bench.sim.fit_presets --steps FILE    # fit T directly from recorded engine steps (JSON lines
+    python -m bench sim.fit_presets                 # refit and compare with the preset in the code
+    python -m bench sim.fit_presets --steps FILE    # fit T directly from recorded engine steps (JSON lines
                                                     # of TelemetryBatch, e.g. from the CPU engine)
 """
 

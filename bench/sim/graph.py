@@ -13,7 +13,7 @@ Strategies: static widths (every step K, as a static-K engine) and ``specctl``: 
 :class:`~engine_patch.widths.WidthChooser` choosing each step's width from the policy it serves. Profiles
 ``high`` / ``low`` / ``mixed`` match the GPU benchmark's (conditional acceptance 0.85 / 0.45 at every position).
 
-    python -m bench.sim.graph --steps bench/gpu/results/steady/*.jsonl.gz --out bench/results/sim_graph_h200.json
+    python -m bench sim.graph --steps bench/gpu/results/steady/*.jsonl.gz --out bench/results/sim_graph_h200.json
 """
 
 from __future__ import annotations

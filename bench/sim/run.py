@@ -11,10 +11,10 @@ numbers) and is measured after a warm-up (the first ``warmup`` share of the requ
 alike: specctl starts knowing nothing). Results go to bench/results/sim.json
 and PNG plots beside it; the ratio table is printed.
 
-    python bench/sim.py                         # full run, H200 preset, built-in mixed trace
-    python bench/sim.py --quick                 # fewer steps and batch sizes (smoke)
-    python bench/sim.py --trace my.json --preset mi300x --mismatch 1.3
-    python bench/sim.py --engine-only --out bench/results/sim_engine_only.json
+    python -m bench sim                         # full run, H200 preset, built-in mixed trace
+    python -m bench sim --quick                 # fewer steps and batch sizes (smoke)
+    python -m bench sim --trace my.json --preset mi300x --mismatch 1.3
+    python -m bench sim --engine-only --out bench/results/sim_engine_only.json
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness import free_port, wait_http
 from dashboards.generate import ALERTS, REPO_ROOT, build_all
 from dashboards.queries import PanelQuery, panel_queries, parse_label_values, substitute, variable_queries
 from tests.support.vllm_server import SERVED_MODEL
@@ -57,12 +57,6 @@ EVIDENCE_GATED: dict[tuple[str, str, str], tuple[str, Callable[[list[dict]], boo
         lambda categories: any(c["entropy"]["bits"] is not None for c in categories),
     ),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def host_port(url: str) -> str:
@@ -101,17 +95,8 @@ class Prometheus:
                  f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"prometheus not ready: {self.log_tail()}")
+        wait_http(self.url + "/-/ready", self.proc, timeout_s=timeout_s, what="prometheus", detail=self.log_tail)
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -9,7 +9,7 @@ every field's range), invalid ones, overrides, clock jumps, idle sweeps, operato
 * the learned state round-trips through the snapshot (dump -> load -> dump is the same).
 
 Bounded for CI (a few tens of seconds); ``SPECCTL_FUZZ_EXAMPLES`` / ``SPECCTL_FUZZ_STEPS`` make it longer
-(``python -m bench.fuzz``, run by ``make bench``).
+(``python -m bench fuzz``, run by ``make bench``).
 """
 
 from __future__ import annotations

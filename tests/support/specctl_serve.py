@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Self
 
-import httpx
+from bench.harness import controller_command, free_port, start_controller, wait_http
 
 ADMIN_TOKEN = "adm-" + "Q7r2Lx9pVw3Kz8Nd5Hs1"  # >= 16 characters, distinct from the ingest token
 INGEST_TOKEN = "ing-" + "Bm4Tc6Yj0Fu2Gh8Ea3Rk"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class SpecctlServe:
@@ -67,14 +59,11 @@ class SpecctlServe:
         return env
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "controller", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                *self.args]
+        return controller_command(self.port, *self.args)
 
     def spawn(self) -> subprocess.Popen:
         """Start the process without waiting for readiness (for start-up failure tests)."""
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = start_controller(self.port, env=self.env(), stdout=self.log_path, command=self.command())
         self.starts += 1
         return self.proc
 
@@ -84,17 +73,8 @@ class SpecctlServe:
         return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"specctl serve exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"specctl serve not ready after {timeout_s} s:\n{self.log_text()[-3000:]}")
+        wait_http(self.url + "/readyz", self.proc, timeout_s=timeout_s, interval_s=0.1, what="specctl serve",
+                  detail=lambda: self.log_text()[-3000:])
 
     def kill(self, sig: int = signal.SIGKILL, timeout_s: float = 15.0) -> int:
         """Send ``sig`` and wait for the exit; SIGTERM falls back to SIGKILL after ``timeout_s``."""

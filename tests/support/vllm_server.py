@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,16 +25,12 @@ from typing import Self
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import free_port, wait_http
+
 SERVED_MODEL = "smollm2"
 SCHEDULER_CLS = "engine_patch.scheduler.SpecctlScheduler"
 MIDDLEWARE = "engine_patch.middleware.CategoryMiddleware"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -133,18 +127,10 @@ class VllmServer:
         return pinned
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"vLLM exited with {code} during start-up:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"vLLM not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        if self.proc is None:
+            raise RuntimeError(f"vLLM exited with None during start-up:\n{self.log_tail()}")
+        wait_http(self.url + "/health", self.proc, timeout_s=timeout_s, interval_s=0.5, request_timeout_s=2.0,
+                  what="vLLM", detail=self.log_tail)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -1,0 +1,113 @@
+"""``python -m bench``: the registry, ``--list``, usage errors, and no ``sys.path`` edits under bench/."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import run_all
+from bench.__main__ import BENCHMARKS, description, main
+
+REPO = Path(__file__).resolve().parents[3]
+BENCH = REPO / "bench"
+
+#: Files under bench/ allowed to change sys.path, and why.
+SYS_PATH_ALLOWED = {
+    # vLLM builds the LLM in this same process and discovers its general plugins through importlib.metadata
+    # entry points, read from the *.dist-info folders inside sys.path at call time; PYTHONPATH only reaches children.
+    "bench/gpu/premise.py": "vLLM plugin discovery in-process",
+}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          check=False,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_registered_name_imports_and_has_main(name):
+    module = importlib.import_module(BENCHMARKS[name])
+    assert callable(getattr(module, "main", None)), f"{BENCHMARKS[name]} has no main"
+    params = inspect.signature(module.main).parameters
+    assert "argv" in params and params["argv"].default is None, "main(argv: list[str] | None = None) -> int"
+    assert description(BENCHMARKS[name]), f"{BENCHMARKS[name]} has no docstring"
+
+
+def test_every_benchmark_main_under_bench_is_registered():
+    """Each module under bench/ with a command line (``if __name__ == "__main__"``) is reachable by name."""
+    registered = set(BENCHMARKS.values())
+    # installers of the GPU host's environment, run by install.sh / fetch_wheels.sh, not benchmarks
+    tools = {"bench.gpu.wheelset", "bench.gpu.check_deps", "bench.__main__"}
+    missing = []
+    for path in sorted(BENCH.rglob("*.py")):
+        if 'if __name__ == "__main__"' in path.read_text():
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            if module not in registered | tools:
+                missing.append(module)
+    assert not missing, f"not in bench/__main__.py's BENCHMARKS: {missing}"
+
+
+def test_run_all_goes_through_the_registry():
+    assert {name for name, _, _ in run_all.BENCHMARKS} <= set(BENCHMARKS)
+
+
+def test_list_prints_every_name():
+    result = run_cli("--list")
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert names == list(BENCHMARKS)
+
+
+def test_unknown_name_is_a_usage_error():
+    result = run_cli("no-such-benchmark")
+    assert result.returncode == 2
+    assert "unknown benchmark" in result.stderr and "usage:" in result.stderr
+
+
+def test_no_arguments_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_name_runs_its_main_with_the_rest_of_the_arguments():
+    result = run_cli("sim", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m bench sim")
+
+
+def _edits_sys_path(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t).startswith("sys.path") for t in targets):
+                return True
+        if target is not None and ast.unparse(target) == "sys.path":
+            return True
+    return False
+
+
+def test_no_file_under_bench_edits_sys_path():
+    offenders = []
+    for path in sorted(BENCH.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if _edits_sys_path(ast.parse(path.read_text())) and rel not in SYS_PATH_ALLOWED:
+            offenders.append(rel)
+    assert not offenders, f"sys.path edited in {offenders}: run as a module from the repository root instead"
+    for rel in SYS_PATH_ALLOWED:  # the allow-list stays true
+        assert _edits_sys_path(ast.parse((REPO / rel).read_text())), f"{rel} no longer edits sys.path"
+
+
+def test_the_sys_path_check_sees_an_edit():
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, 'x')"))
+    assert _edits_sys_path(ast.parse("import sys\nsys.path += ['x']"))
+    assert not _edits_sys_path(ast.parse("import sys\nprint(sys.path)"))
