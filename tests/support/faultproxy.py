@@ -408,6 +408,10 @@ class FaultProxy:
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, headers, body: bytes,
                       note: tuple[float, Fault] | None = None) -> bool:
+        if writer.transport.is_closing():
+            # the connection was reset while the upstream answered (a fault began: ``refuse`` resets open
+            # connections); the client never gets this answer, so it is not recorded as one
+            return False
         if note is not None:  # recorded before the write, so a client that has its answer also finds the record
             self.answers.append((note[0], time.monotonic(), status, note[1]))
         writer.write(_response_bytes(status, headers, body))
