@@ -19,6 +19,8 @@ speed, a handful of numpy calls (~5-30 µs for a few thousand tokens), independe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from controller.protocol import METHOD_NGRAM, METHOD_SUFFIX
@@ -109,3 +111,13 @@ def propose_suffix(
 
 
 PROPOSERS = {METHOD_NGRAM: propose_ngram, METHOD_SUFFIX: propose_suffix}
+
+
+def common_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
+    """Drafts a greedy verifier accepts: the leading tokens of ``proposal`` that ``actual`` repeats."""
+    n = 0
+    for a, b in zip(proposal, actual):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -44,6 +44,7 @@ from typing import Any
 
 from controller import protocol
 from controller.adapt import RequestK, next_k
+from controller.proposers import common_prefix
 from engine_patch.categories import category_from_sampling_params
 from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from engine_patch.proposers import PROPOSERS, TokenHistory
@@ -94,15 +95,6 @@ def scored_methods(engine: EngineSpec) -> tuple[str, ...]:
     if engine.method in PROPOSERS and engine.method not in methods:
         methods.append(engine.method)
     return tuple(methods)
-
-
-def common_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
-    n = 0
-    for a, b in zip(proposal, actual):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 @dataclass

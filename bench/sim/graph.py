@@ -34,7 +34,7 @@ from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from controller.core.cost import PRESETS, CostCoefficients
 from controller.core.model.cells import CellTable, CellView
 from engine_patch.policy_table import EngineSpec, PolicyHolder
-from engine_patch.telemetry import Aggregate, new_entry
+from engine_patch.telemetry import Aggregate, add_draft, new_entry
 from engine_patch.widths import WidthChooser
 
 WIDTHS = (0, 1, 2, 4, 7)
@@ -133,10 +133,8 @@ class GraphSpecctl(Specctl):
             entry = agg.get(key)
             if entry is None:
                 entry = agg[key] = new_entry()
-            k = int(res.k[slot])
             entry.requests += 1
-            bucket = entry.hists.setdefault(k, [0] * (k + 1))
-            bucket[int(res.accepted[slot])] += 1
+            add_draft(entry.hists, int(res.k[slot]), int(res.accepted[slot]))
         return agg
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controller.proposers import common_prefix
 from controller.protocol import METHOD_OFF
 
 #: A drafter: (context tokens, k) -> up to k proposed tokens.
@@ -45,15 +46,6 @@ class Profile:
 OFF = Profile(METHOD_OFF, 0, 1.0, 0.0, "off")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def score_request(trace: RequestTrace, propose: Proposer, ks: Iterable[int], k_cap: int) -> dict[int, tuple[int, int]]:
     """(decode steps, drafted tokens) to produce ``trace.output`` at each proposal length in ``ks``.
 
@@ -74,7 +66,7 @@ def score_request(trace: RequestTrace, propose: Proposer, ks: Iterable[int], k_c
                 if full is None:
                     full = cache[pos] = list(propose(tokens[: base + pos], k_cap))
                 proposal = full[:k]
-            accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
+            accepted = common_prefix(proposal, trace.output[pos : pos + len(proposal)])
             pos += accepted + 1
             steps += 1
             drafted += len(proposal)
@@ -110,7 +102,7 @@ def trace_histograms(trace: RequestTrace, propose: Proposer, k: int) -> list[tup
     pos, out = 1, []
     while pos < length:
         proposal = list(propose(tokens[: base + pos], k))[:k] if k > 0 else []
-        accepted = _common_prefix(proposal, trace.output[pos : pos + len(proposal)])
+        accepted = common_prefix(proposal, trace.output[pos : pos + len(proposal)])
         if proposal:
             out.append((len(proposal), accepted))
         pos += accepted + 1
