@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the GPU host: run a long benchmark past the 10-minute limit of one device call.
+#
+#   bench/gpu/background.sh start SCRIPT    # copy the checkout, start SCRIPT in a process session of its own
+#   bench/gpu/background.sh wait S DEST     # wait up to S seconds for it; pack its results into DEST/results.tar.gz
+#
+# Why: a device call may run 10 minutes and its processes end with it, but an engine start costs 70-170 s, so a
+# sweep cut into calls restarts engines and leaves each call's tail unused. A process that starts a session of its
+# own (setsid) runs on until the machine goes back; the machine stays as long as calls follow each other within
+# its idle time, so `wait` calls issued back to back keep one sweep running for the whole device budget.
+# The sweep runs from a copy of the checkout: every call re-sends the checkout, and a child process importing
+# from it while it is replaced could fail. SCRIPT is run by bash from the copy's root with the vLLM environment
+# sourced; it writes its results under $SPECCTL_GPU_HOME/bg/out (the folder `wait` packs).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+HOME_DIR="${SPECCTL_GPU_HOME:-/root/specctl-gpu}"
+BG="$HOME_DIR/bg"
+
+start() {
+    local script="$1"
+    [[ -f "$REPO/$script" ]] || { echo "no such script: $script" >&2; exit 2; }
+    if [[ -f "$BG/pid" ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
+        echo "already running (pid $(cat "$BG/pid"))" >&2; exit 1
+    fi
+    rm -rf "$BG/checkout" "$BG/rc"
+    mkdir -p "$BG/out"
+    cp -a "$REPO" "$BG/checkout"
+    (cd "$BG/checkout" && sed -i "s#^export PYTHONPATH=\"[^:]*:#export PYTHONPATH=\"$BG/checkout:#" "$HOME_DIR/env.sh")
+    setsid nohup bash -c "cd '$BG/checkout' && source '$HOME_DIR/env.sh' && export SPECCTL_BG_OUT='$BG/out' \
+        && bash '$script'; echo \$? > '$BG/rc'" > "$BG/out/background.log" 2>&1 < /dev/null &
+    echo $! > "$BG/pid"
+    echo "started $script (pid $(cat "$BG/pid")), log $BG/out/background.log"
+}
+
+wait_for() {
+    local seconds="$1" dest="$2" t0=$SECONDS
+    while [[ ! -f "$BG/rc" ]] && ((SECONDS - t0 < seconds)); do sleep 5; done
+    tar -czf "$dest/results.tar.gz" -C "$BG/out" .
+    tail -n 40 "$BG/out/background.log"
+    if [[ -f "$BG/rc" ]]; then echo "finished: exit $(cat "$BG/rc")"; else echo "still running"; fi
+}
+
+case "${1:-}" in
+    start) start "${2:?script}" ;;
+    wait) wait_for "${2:?seconds}" "${3:?dest}" ;;
+    *) echo "usage: $0 start SCRIPT | wait SECONDS DEST" >&2; exit 2 ;;
+esac
