@@ -227,7 +227,10 @@ class SpecHook:
         state.rule = rule
         state.adaptive = not rule.fixed
         state.adapt = RequestK(k=rule.k)
-        state.key_on = (state.category, rule.method)
+        # Drafts a request verifies under an 'off' rule come from the engine's drafter: a graph-shaped step
+        # pads every request to the step's width, whatever its category decided.
+        drafter = self.engine.method if rule.method == protocol.METHOD_OFF else rule.method
+        state.key_on = (state.category, drafter)
         state.key_off = (state.category, protocol.METHOD_OFF)
 
     # -- before schedule() -----------------------------------------------------------------------------

@@ -60,6 +60,24 @@ def test_high_acceptance_cheap_cells_speculate_and_dear_cells_do_not() -> None:
     assert dear.sim.last_output.num_spec_tokens_to_schedule == 0
 
 
+def test_drafts_of_a_category_whose_policy_is_off_count_under_the_engine_drafter() -> None:
+    """A category decided off (k=0, method 'off') still verifies the step's width beside a category that
+    speculates; its drafts came from the engine's drafter and are reported under it. Under 'off' the controller
+    refuses the whole batch (seen on the H200: every batch of the mixed profile at c >= 64)."""
+    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH),
+            prose=CP(k=0, method=protocol.METHOD_OFF, expected=LOW))
+    for i in range(3):
+        rig.add(f"j{i}", "json")
+        rig.add(f"p{i}", "prose")
+    widths_seen(rig, 12)
+    rows = [protocol.StepRecord.model_validate(row_to_wire(r)) for r in rig.queue.drain(100)]
+    prose = [c for r in rows if r.width for c in r.categories if c.category == "prose"]
+    assert prose and any(c.hists for c in prose)
+    assert all(c.method == "eagle3" for c in prose if c.hists)
+    assert not any(c.hists for r in rows for c in r.categories if c.method == protocol.METHOD_OFF)
+
+
 def test_all_categories_pinned_by_overrides_fix_the_width() -> None:
     rig = Rig(GRAPH, correct={"json": 7})
     install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=3, expected=HIGH, source="override"))
