@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import ValidationError
 
-from controller.core import whatif
+from controller.core import ema_tiers, whatif
 from controller.core.brain import Brain, IngestRejected
 from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from controller.core.cost import PRESETS
@@ -147,7 +147,7 @@ def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Wor
 def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batch_size, method):
     betas = {c: np.asarray(per[method].betas(max(k_max, 1), 0.5, 4.0))
              for c, per in profiles_est.items() if method in per}
-    counts = whatif.ema_tier_steps(batches, betas, k_max, initial_steps)
+    counts = ema_tiers.recorded_steps(batches, betas, k_max, initial_steps)
     parts = []
     for k, steps in sorted(counts.items()):
         est = whatif.estimate(work, whatif.uniform(work, profiles, method, k), cost, batch_size)

@@ -157,7 +157,7 @@ def test_best_static_beats_every_uniform_choice() -> None:
     assert best["chat"].k < best["copy"].k
 
 
-def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
+def test_recorded_steps_extrapolate_a_fully_accepted_shorter_draft() -> None:
     """Recorded k=2 drafts all accepted, tier k=3: 2 + beta_3 expected; rejected ones stay as recorded."""
     steps = [StepRecord(t=i * 0.01, wall_s=0.01, batch_size=1, scheduled_tokens=3, draft_tokens=2,
                         categories=[CategoryStep(category="c", method="ngram", requests=1,
@@ -166,7 +166,7 @@ def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
     batch = TelemetryBatch(engine_id="e", boot_id="b", model_name="m", seq=0, sent_at=0.0, spec=NGRAM_SPEC,
                            steps=steps)
     slots = {1: ema_tiers.SlotConfig((3,), warmup_batches=0, update_interval=1)}
-    counts = whatif.ema_tier_steps([batch], {"c": np.array([1.0, 1.0, 0.5])}, 8, 3, slots)
+    counts = ema_tiers.recorded_steps([batch], {"c": np.array([1.0, 1.0, 0.5])}, 8, 3, slots)
     assert counts == {3: 30}
 
 
