@@ -11,6 +11,8 @@ from bench.sim.profiles import CategoryProfile, Trace
 from controller.core import whatif
 from controller.core.config import PolicySettings
 from controller.core.cost import CPU, H200, CostCoefficients
+from controller.core.model.batch import BatchModel
+from controller.core.model.cells import CellTable
 from controller.core.policy import goodput
 from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 
@@ -121,3 +123,22 @@ def test_the_search_finds_what_the_oracle_s_exhaustive_ranking_finds(batch) -> N
     trace, exp = oracle_inputs()
     ((exhaustive, _),) = oracle.best_static(trace, exp, H200, batch, top=1)
     assert searched == pytest.approx(exhaustive, rel=1e-9)
+
+
+@pytest.mark.parametrize("choice", CHOICES[:2])
+def test_all_three_price_the_step_through_the_batch_model_s_one_step_model(choice, monkeypatch) -> None:
+    """Doubling BatchModel.time halves what every path reports, and the preset's own formula is never asked:
+    no path prices a step with a model of its own (the preset directly, or the engine's cell table)."""
+    before = {"policy": via_policy(choice, 8.0, H200), "replay": via_replay(choice, 8.0, H200),
+              "oracle": via_oracle(choice, 8.0, H200)}
+    time = BatchModel.time
+    monkeypatch.setattr(BatchModel, "time", lambda self, *a: 2.0 * time(self, *a))
+
+    def elsewhere(*_a, **_k):
+        raise AssertionError("a step priced outside the batch model")
+
+    monkeypatch.setattr(CostCoefficients, "step_time", elsewhere)
+    monkeypatch.setattr(CellTable, "view", elsewhere)
+    after = {"policy": via_policy(choice, 8.0, H200), "replay": via_replay(choice, 8.0, H200),
+             "oracle": via_oracle(choice, 8.0, H200)}
+    assert after == pytest.approx({k: v / 2.0 for k, v in before.items()}, rel=1e-12)
