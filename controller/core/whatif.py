@@ -51,24 +51,9 @@ from controller.core.cost_fit import OnlineCostModel
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.model.batch import BatchModel, Options, Prefill
 from controller.core.model.search import search
-from controller.core.token_traces import (
-    OFF,
-    Profile,
-    Proposer,
-    RequestTrace,
-    score_request,
-    trace_histograms,
-    trace_profiles,
-)
+from controller.core.token_traces import OFF, Profile
 from controller.drafters import is_model_free, resolve
 from controller.protocol import METHOD_OFF, TelemetryBatch
-
-#: what replay and the benchmarks take from here (the token-trace part lives in controller.core.token_traces)
-__all__ = ["OFF", "Estimate", "Profile", "Proposer", "RequestTrace", "StepLoad", "Workload", "acceptance",
-           "batch_model", "best_static", "estimate", "fit_cost", "merge_profiles",
-           "mixed_estimate", "options", "profile_for", "score_request", "step_load", "telemetry_profiles",
-           "trace_histograms", "trace_profiles", "uniform", "workload_from_telemetry"]
-
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from bench.sim import oracle
 from bench.sim.profiles import CategoryProfile, Trace
-from controller.core import whatif
+from controller.core import token_traces, whatif
 from controller.core.config import PolicySettings
 from controller.core.cost import CPU, H200, CostCoefficients
 from controller.core.model.batch import BatchModel
@@ -57,7 +57,7 @@ def via_replay(choice, batch: float, cost: CostCoefficients) -> float:
     picked = {}
     for c, (k, m) in choice.items():
         betas = CATEGORIES[c][2 if m == ENGINE else 3]
-        picked[c] = whatif.Profile(m, k, e_of(betas, k), float(k), "telemetry") if k else whatif.OFF
+        picked[c] = token_traces.Profile(m, k, e_of(betas, k), float(k), "telemetry") if k else token_traces.OFF
     return whatif.estimate(work, picked, cost, batch).goodput
 
 
@@ -117,7 +117,7 @@ def test_the_search_finds_what_the_oracle_s_exhaustive_ranking_finds(batch) -> N
     """Replay's hindsight choice (the policy's coordinate ascent) reaches the best of all 13**4 configurations."""
     committed = {c: 1000.0 * w for c, w in demand().items()}
     work = whatif.Workload(committed, rho() * sum(committed.values()), float(batch), 0, 0.0)
-    profiles = {c: {(m, k): whatif.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "t")
+    profiles = {c: {(m, k): token_traces.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "t")
                     for m in (ENGINE, FREE) for k in range(1, K_MAX + 1)} for c in CATEGORIES}
     searched = whatif.estimate(work, whatif.best_static(work, profiles, H200), H200).goodput
     trace, exp = oracle_inputs()
