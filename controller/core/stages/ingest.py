@@ -108,7 +108,6 @@ def charge(ms: ModelState, digest: BatchDigest, k_max: int) -> int:
     return after - before
 
 
-
 def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapping[str, ModelState], series: int,
           config: BrainConfig, preset: CostCoefficients, now: float) -> Admission | IngestResult:
     """Check ``batch`` against the learned state (``series`` charged so far): an :class:`Admission`, or the

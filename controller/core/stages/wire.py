@@ -53,7 +53,6 @@ def same_basis(held: tuple, basis: tuple) -> bool:
     return bool(held) and held[0] is basis[0] and held[1:] == basis[1:]
 
 
-
 def serve(held: Served | None, decision: Decision, spec: SpecConfig, now: float, active: dict[str, Override],
           ms: ModelState | None, preset: CostCoefficients, config: BrainConfig, version: int) -> tuple[Served, int]:
     """The policy an engine gets for ``decision`` and the version counter after it: ``held`` (the policy served
@@ -72,6 +71,7 @@ def serve(held: Served | None, decision: Decision, spec: SpecConfig, now: float,
     policy = Policy(version=version + 1, issued_at=now, ttl_s=ttl_s, default=default, categories=cats,
                     step_cells=cells)
     return Served(wired, policy, basis), version + 1
+
 
 def graph_inputs(ms: ModelState | None, spec: SpecConfig, preset: CostCoefficients, ls: LearnerSettings
                  ) -> tuple[StepCells | None, dict[str, list[float]]]:

@@ -18,6 +18,7 @@ from bench.__main__ import BENCHMARKS, description, main
 REPO = Path(__file__).resolve().parents[3]
 BENCH = REPO / "bench"
 
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
