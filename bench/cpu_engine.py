@@ -65,7 +65,7 @@ from bench.cpu.driver import Phase, run_phase, touch
 from bench.cpu.workload import bench_workload, chunk_size, key
 from controller import replay_cli
 from controller.core import replay as replay_core
-from controller.core import whatif
+from controller.core import token_traces
 from tests.support import controller_api
 from tests.support.specctl_serve import ADMIN_TOKEN
 from tests.support.workload import CATEGORIES
@@ -338,7 +338,7 @@ class Bench:
         for c in self.concurrencies:
             trs = traces.request_traces(ref[c].records)
             work = oracle.workload(trs, c)
-            profiles = whatif.trace_profiles(trs, proposers, list(range(1, engines.K_MAX + 1)))
+            profiles = token_traces.trace_profiles(trs, proposers, list(range(1, engines.K_MAX + 1)))
             norms = {n: self.normalized(n, c) for n in self.runs if oracle.static_k(n) is not None}
             # wall time each static run would have taken at specctl's average pace (paired rescaling)
             walls = {oracle.static_k(n): v["tokens"] / v["goodput"] for n, v in norms.items() if v and v["goodput"]}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.core import whatif
+from controller.core import token_traces
 from controller.core.cost import PRESETS
 from controller.core.replay import (
     DEFAULT_KS,
@@ -34,9 +34,9 @@ from controller.recording import RecordingError, read_recording
 
 
 def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
-                      ) -> tuple[dict[str, whatif.Proposer], str]:
+                      ) -> tuple[dict[str, token_traces.Proposer], str]:
     """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
-    out: dict[str, whatif.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
+    out: dict[str, token_traces.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
     used = "patch"
     if engine_method == "ngram" and engine_ngram in ("auto", "vllm"):
         try:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = load_batches(args.telemetry)
         batches = select_model(batches, args.model)
         traces = [t for source, lines in read_recording(args.requests).parts for t in parse_requests(lines, source)]
-        proposers: dict[str, whatif.Proposer] = {}
+        proposers: dict[str, token_traces.Proposer] = {}
         if traces and batches:
             spec = batches[-1].spec
             proposers, used = default_proposers(spec.method, spec.model_free_methods, args.engine_ngram)

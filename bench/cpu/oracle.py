@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from controller.core import whatif
+from controller.core import token_traces, whatif
 from controller.core.cost import CostCoefficients
 from controller.protocol import METHOD_OFF
 
@@ -46,7 +46,7 @@ def measured_argmax(per_category: Mapping[str, Mapping[str, float]]) -> dict[str
     return {c: (k, "ngram" if k else METHOD_OFF) for c, (_, k) in best.items()}
 
 
-def workload(traces: Sequence[whatif.RequestTrace], concurrency: int) -> whatif.Workload:
+def workload(traces: Sequence[token_traces.RequestTrace], concurrency: int) -> whatif.Workload:
     """The measured phase's work: decode tokens per category, prefill tokens, the batch it ran at."""
     committed: dict[str, float] = {}
     prefill = 0.0
@@ -87,5 +87,5 @@ def model_choice(work: whatif.Workload, profiles, cost: CostCoefficients) -> dic
 
 def predicted_goodput(work: whatif.Workload, profiles, cost: CostCoefficients,
                       pins: Mapping[str, tuple[int, str]]) -> float:
-    choice = {c: whatif.profile_for(profiles, c, m, k) or whatif.OFF for c, (k, m) in pins.items()}
+    choice = {c: whatif.profile_for(profiles, c, m, k) or token_traces.OFF for c, (k, m) in pins.items()}
     return whatif.estimate(work, choice, cost).goodput

@@ -8,7 +8,7 @@
     - ``engine`` (vLLM's n-gram): every verify step of every static-k and batch-table run, from vLLM's own
       per-request metrics (``per_step_drafted`` / ``per_step_accepted``), as ``DraftHistogram`` rows;
     - ``suffix`` (the patch's drafter): scored on the same requests' tokens at k = 8 by re-running the
-      speculative loop (:func:`controller.core.whatif.trace_histograms`), since greedy outputs do not depend
+      speculative loop (:func:`controller.core.token_traces.trace_histograms`), since greedy outputs do not depend
       on the drafter.
   Heterogeneity (the simulator's per-request logit shift, standard deviation) is a method-of-moments
   estimate from the per-request position-1 acceptance of the n-gram drafter: the variance of the requests'
@@ -24,17 +24,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bench.cpu.driver import Record
-from controller.core import whatif
+from controller.core import token_traces
 
 FORMAT = "specctl-sim-trace/1"
 
 
-def request_traces(records: Iterable[Record]) -> list[whatif.RequestTrace]:
-    return [whatif.RequestTrace(r.category, tuple(r.prompt_token_ids), tuple(r.token_ids))
+def request_traces(records: Iterable[Record]) -> list[token_traces.RequestTrace]:
+    return [token_traces.RequestTrace(r.category, tuple(r.prompt_token_ids), tuple(r.token_ids))
             for r in records if r.ok and r.prompt_token_ids and r.token_ids]
 
 
-def write_request_traces(path: Path, traces: Sequence[whatif.RequestTrace]) -> None:
+def write_request_traces(path: Path, traces: Sequence[token_traces.RequestTrace]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"category": t.category, "prompt_token_ids": list(t.prompt),
@@ -58,11 +58,11 @@ def engine_histograms(records: Iterable[Record]) -> dict[str, dict[int, list[int
     return dict(out)
 
 
-def scored_histograms(traces: Sequence[whatif.RequestTrace], propose: whatif.Proposer, k: int
+def scored_histograms(traces: Sequence[token_traces.RequestTrace], propose: token_traces.Proposer, k: int
                       ) -> dict[str, dict[int, list[int]]]:
     out: dict[str, dict[int, list[int]]] = defaultdict(dict)
     for t in traces:
-        for d, a in whatif.trace_histograms(t, propose, k):
+        for d, a in token_traces.trace_histograms(t, propose, k):
             _add(out[t.category], d, a)
     return dict(out)
 
@@ -111,7 +111,7 @@ def conditional(hists: dict[int, list[int]], k_max: int) -> list[float]:
     return [round(a / r, 4) if r else 0.0 for a, r in zip(accepted, reached)]
 
 
-def sim_trace(static_records: Sequence[Record], traces: Sequence[whatif.RequestTrace], suffix: whatif.Proposer,
+def sim_trace(static_records: Sequence[Record], traces: Sequence[token_traces.RequestTrace], suffix: token_traces.Proposer,
               k_max: int, source: str) -> dict:
     """The ``specctl-sim-trace/1`` document (see the module docstring)."""
     engine = engine_histograms(static_records)

@@ -26,7 +26,8 @@ import numpy as np
 
 from bench.sim.fit_presets import _nnls
 from controller.core.config import LearnerSettings
-from controller.core.cost import H200, PRESETS, CostCoefficients, OnlineCostModel, features, step_shape
+from controller.core.cost import H200, PRESETS, CostCoefficients, step_shape
+from controller.core.cost_fit import OnlineCostModel, features
 from controller.protocol import TelemetryBatch
 
 

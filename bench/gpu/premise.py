@@ -28,6 +28,8 @@ from bench.gpu.shapes import OUTPUT_TOKENS, PROMPT_TOKENS, SHAPES, write_model
 K_MAX = 7
 BETA_HIGH = 0.85
 CATEGORY = "high"
+#: The run's work folder (models, controller, dispatch file, the plugins' dist-info), set by the re-exec.
+WORK_ENV = "SPECCTL_BENCH_PREMISE_WORK"
 
 
 def counters(llm) -> dict:
@@ -99,6 +101,21 @@ def rounds(llm, c: int, n: int, rng, dispatch_file: Path) -> list[dict]:
     return out
 
 
+def reexec_with_plugins(argv: list[str]) -> None:
+    """Run this benchmark again in a fresh interpreter that starts with the plugins' dist-info on PYTHONPATH.
+
+    vLLM builds the LLM in this process and discovers its general plugins here too, through importlib.metadata
+    entry points, read from the *.dist-info folders inside the sys.path entries an interpreter started with;
+    PYTHONPATH set later only reaches child processes (as vLLM's spawned EngineCore). ``os.execve`` keeps the
+    process id, so whatever waits on this benchmark waits on the rerun.
+    """
+    work = Path(tempfile.mkdtemp(prefix="specctl-premise-"))
+    dist = write_plugin_dist(work / "dist")
+    env = dict(os.environ, PYTHONPATH=f"{dist}:{os.environ.get('PYTHONPATH', '')}", **{WORK_ENV: str(work)})
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "bench", "gpu.premise", *argv], env)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--engine", choices=["specctl", "plain"], required=True)
@@ -107,16 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--widths", default="7,4,2,1,0")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
+    if WORK_ENV not in os.environ:
+        reexec_with_plugins(list(sys.argv[1:] if argv is None else argv))
     import numpy as np
 
-    work = Path(tempfile.mkdtemp(prefix="specctl-premise-"))
-    dist = write_plugin_dist(work / "dist")
-    os.environ["PYTHONPATH"] = f"{dist}:{os.environ.get('PYTHONPATH', '')}"  # vLLM's spawned EngineCore process
-    # The one sys.path edit left in bench/ (tests/unit/bench/test_entry_point.py allows it): vLLM builds the LLM in
-    # this process and discovers its general plugins here too, through importlib.metadata entry points, which are
-    # read from the *.dist-info folders directly inside the sys.path entries at the time of the call; PYTHONPATH
-    # set now only reaches child processes.
-    sys.path.insert(0, str(dist))
+    work = Path(os.environ[WORK_ENV])
     dispatch_file = work / "dispatch.json"
     os.environ.update({"VLLM_USE_V2_MODEL_RUNNER": "1", "SPECCTL_BENCH_DISPATCH_FILE": str(dispatch_file),
                        "SPECCTL_BENCH_ACCEPT": json.dumps({CATEGORY: BETA_HIGH}), "SPECCTL_COUNTERFACTUAL_SHARE": "0"})

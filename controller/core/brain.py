@@ -9,8 +9,8 @@ The service calls, with an injected ``now`` (unix seconds):
 
 Learned state is per (model, category, method), pooled over engines; bookkeeping (seq, gaps, policy age,
 batch mix) is per engine; a policy is tailored to the asking engine's k_max, drafter and batch. The stages
-are modules of :mod:`controller.core.stages` (ingest checks, snapshot, decide, wire, reads, persist); this
-class holds the state they read and is the only place that writes it: :meth:`ingest` (learning, bookkeeping),
+are modules of :mod:`controller.core.stages` (ingest, snapshot, decide, wire, reads, evict, persist); this
+class holds the state they read and write and decides when each runs: :meth:`ingest` (learning, bookkeeping),
 :meth:`policy_for` (the decision cache, the served policy and its version), eviction, overrides and load.
 Reads (:meth:`categories`, :meth:`category`, :meth:`engines`, :meth:`metrics`) change nothing but the
 decision-error counters: they age figures on copies, compute a due decision without caching it and never
@@ -20,25 +20,21 @@ internal locking is done.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
 
-from controller.core.budget import GLOBAL_SERIES, MODEL_SERIES, engine_series, label_weight, model_series
+from controller.core.budget import GLOBAL_SERIES
 from controller.core.config import BrainConfig
 from controller.core.cost import PRESETS
-from controller.core.engines import COUNTER_CAP, EngineBook
+from controller.core.engines import EngineBook
 from controller.core.estimator import z_for
 from controller.core.learner import ModelState
 from controller.core.overrides import Override, active_overrides
-from controller.core.policy import goodput
 from controller.core.policy.types import Decision
-from controller.core.stages import decide, reads, wire
+from controller.core.stages import decide, evict, reads, wire
 from controller.core.stages.decide import Cached, Key, static_decision
-from controller.core.stages.evict import category_key, idle
-from controller.core.stages.ingest import IngestRejected, IngestResult, charge, validate
+from controller.core.stages.evict import category_key
+from controller.core.stages.ingest import IngestRejected, IngestResult, admit, apply
 from controller.core.stages.persist import DUMP_FORMAT, DUMP_VERSION, restore
-from controller.core.stages.snapshot import policy_snapshot
 from controller.core.views import CategoryView, EngineView, MetricsSnapshot
 from controller.protocol import Policy, SpecConfig, TelemetryBatch
 
@@ -72,63 +68,18 @@ class Brain:
 
     # -- ingest -----------------------------------------------------------------------------------------------
     def ingest(self, batch: TelemetryBatch, now: float) -> IngestResult:
-        book = self._engines.get(batch.engine_id)
         try:
-            validate(batch, book, len(self._engines), self._models, self.config.budget)
+            admitted = admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
         except IngestRejected as exc:
-            if exc.status == 429:  # an engine or model cap is full
+            if exc.status == 429:  # an engine or model cap, or the learned-state budget, is full
                 self.budget_refusals += 1
             raise
-        if book is None:
-            book = EngineBook(batch.engine_id)
-        outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
-        if outcome == "conflict":
-            book.record_conflict(batch.boot_id, batch.seq, now)
-            raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
-                                 f"{batch.boot_id!r} and boot {book.boot_id!r}): give each engine its own "
-                                 "SPECCTL_ENGINE_ID", status=409)
-        if outcome == "suspect":
-            book.record_suspect(batch.boot_id, batch.seq)
-        if outcome != "accepted":
-            if batch.engine_id in self._engines:
-                book.outcomes["duplicate"] += 1
-            return IngestResult("duplicate", book.gaps)
-        ms = self._models.get(batch.model_name)
-        new_model = ms is None
-        if ms is None:
-            ms = ModelState(batch.model_name, self._preset, self.config.learner)
-        digest = ms.digest(batch, self.config.learner.max_categories_per_model)
-        extra = (0 if batch.engine_id in self._engines else engine_series(batch.engine_id, batch.model_name)) + (
-            math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
-        cost = extra + charge(ms, digest, batch.spec.k_max)
-        if cost and self._series + cost > self.config.budget.max_series:
-            # the budget is full: new category names pool into the overflow category, as beyond the cap
-            digest = ms.digest(batch, min(self.config.learner.max_categories_per_model, len(ms.categories)))
-            cost = extra + charge(ms, digest, batch.spec.k_max)
-            if self._series + cost > self.config.budget.max_series:
-                self.budget_refusals += 1
-                raise IngestRejected(
-                    f"learned-state budget full ({self._series} of {self.config.budget.max_series} series, this "
-                    f"batch needs {cost} more): state idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings "
-                    "is forgotten, or an operator can forget it (POST /v1/forget)", status=429)
-        # nothing above mutated state: a rejection leaves everything as it was
-        self._models.setdefault(batch.model_name, ms)
-        self._engines.setdefault(batch.engine_id, book)
-        self._series += cost
-        ms.charged_k = max(ms.charged_k, batch.spec.k_max)
-        ms.apply(digest, now, self.config.learner, book.mix)
-        book.record(batch.boot_id, batch.seq, gap_delta, batch.dropped_steps)
-        book.model = batch.model_name
-        book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
-        book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
-        book.model_free_methods = tuple(batch.spec.model_free_methods)
-        book.steps = min(COUNTER_CAP, book.steps + digest.steps)
-        book.step_seconds += digest.step_seconds
-        book.last_seen = now
-        if batch.policy_version is not None:
-            book.policy_version_reported = batch.policy_version
-        book.outcomes["accepted"] += 1
-        return IngestResult("accepted", book.gaps)
+        if isinstance(admitted, IngestResult):  # a duplicate
+            return admitted
+        self._models.setdefault(batch.model_name, admitted.state)
+        self._engines.setdefault(batch.engine_id, admitted.book)
+        self._series += admitted.cost
+        return apply(batch, admitted, now, self.config)
 
     def record_rejected(self, engine_id: str | None) -> None:
         book = self._engines.get(engine_id) if engine_id else None
@@ -139,9 +90,7 @@ class Brain:
 
     # -- the budget and forgetting ----------------------------------------------------------------------------
     def _recount(self) -> None:
-        self._series = GLOBAL_SERIES + sum(engine_series(e, b.model or "") for e, b in self._engines.items()) + sum(
-            model_series(ms.name, ms.charged_k, {c: len(st.methods) for c, st in ms.categories.items()})
-            for ms in self._models.values())
+        self._series = evict.series(self._models, self._engines)
 
     @property
     def series(self) -> int:
@@ -151,13 +100,8 @@ class Brain:
     def evict_idle(self, now: float) -> list[tuple[str, str]]:
         """Forget engines, categories and models not seen for their idle time; what was forgotten, as
         (kind, name) with kind engine | model | category (name ``json.dumps([model, category])``)."""
-        for book in self._engines.values():  # restored without a time: the idle clock starts now
-            book.last_seen = now if book.last_seen is None else book.last_seen
-        for ms in self._models.values():
-            ms.last_seen = now if ms.last_seen is None else ms.last_seen
-            for st in ms.categories.values():
-                st.last_seen = now if st.last_seen is None else st.last_seen
-        out = idle(self._models, self._engines, self.config.budget, now)
+        evict.stamp_unseen(self._models, self._engines, now)
+        out = evict.idle(self._models, self._engines, self.config.budget, now)
         for kind, name in out:
             self._drop(kind, name)
         if out:
@@ -185,30 +129,8 @@ class Brain:
         return dropped
 
     def _drop(self, kind: str, name: str) -> bool:
-        if kind == "engine" and name in self._engines:
-            self._engines.pop(name, None)
-            self._drop_cached(lambda k: k[4] == name)
-        elif kind == "model" and name in self._models:
-            self._models.pop(name, None)
-            self._decision_errors.pop(name, None)
-            self._drop_cached(lambda k: k[0] == name)
-        elif kind == "category":
-            model, cat = json.loads(name)
-            ms = self._models.get(model)
-            if ms is None or cat not in ms.categories:
-                return False
-            ms.categories.pop(cat, None)
-            for mix in [ms.mix] + [b.mix for b in self._engines.values() if b.model == ms.name]:
-                mix.per_category.pop(cat, None)
-                mix.committed_per_category.pop(cat, None)
-        else:
-            return False
-        return True
-
-    def _drop_cached(self, match) -> None:
-        for cache in (self._decisions, self._served):
-            for key in [k for k in cache if match(k)]:
-                cache.pop(key, None)
+        return evict.drop(kind, name, self._models, self._engines, (self._decisions, self._served),
+                          self._decision_errors)
 
     # -- overrides ----------------------------------------------------------------------------------------------
     def set_overrides(self, overrides: Iterable[Override]) -> None:
@@ -221,25 +143,15 @@ class Brain:
         try:
             policy = self._wire(key, decision, spec, now)
         except Exception as exc:  # noqa: BLE001 -- an ingested batch is acknowledged whatever the decision
-            self._count_error(model, exc)
+            problem = f"{type(exc).__name__}: {exc}"
+            self._count_error(model, problem)
             self._served.pop(key, None)
-            policy = self._wire(key, static_decision(spec, f"{type(exc).__name__}: {exc}"), spec, now)
+            policy = self._wire(key, static_decision(spec, problem), spec, now)
         book = self._engines.get(engine_id) if engine_id else None
         if book is not None:
             book.policy_served_at = now
             book.policy_version_served = policy.version
         return policy
-
-    def _signature(self, model: str) -> tuple[int, int]:
-        """(categories, drafters with enough evidence): when it changes the cached decision is stale at once
-        (a new category, or a drafter that just became usable, should not wait for the interval)."""
-        ms = self._models.get(model)
-        if ms is None:
-            return (0, 0)
-        need = self.config.policy.min_evidence
-        usable = sum(1 for st in ms.categories.values() for e in st.methods.values()
-                     if e.cum.drafts + e.cf_cum.drafts >= need)
-        return (len(ms.categories), usable)
 
     def decision_work(self, model: str, spec: SpecConfig, now: float, engine_id: str | None = None) -> int:
         """0 when :meth:`policy_for` would serve the cached decision, else the size of the decision it would
@@ -258,54 +170,33 @@ class Brain:
         signature = self._signature(key[0])
         if decide.is_fresh(cached, key, now, self.config.policy.interval_s, signature):
             return cached.decision
-        try:
-            snap = policy_snapshot(self._models.get(key[0]), self._engines.get(key[4]) if key[4] else None, spec,
-                                   now, cached.decision if cached else None, self.config.learner, self._preset)
-            decision = goodput.decide(snap, self.config.policy)
-            problem = decide.unsound(decision, spec)
-        except Exception as exc:  # noqa: BLE001 -- no learned state may make a later request fail
-            problem = f"{type(exc).__name__}: {exc}"
+        decision, problem = decide.compute(self._models.get(key[0]), self._engines.get(key[4]) if key[4] else None,
+                                           spec, now, cached.decision if cached else None, self.config, self._preset)
         if problem is not None:
             # the last good decision keeps being served (else the engine's static config), retried next interval
-            model = key[0]
-            self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
-            self.last_decision_error = (model, problem[:300])
+            self._count_error(key[0], problem)
             decision = cached.decision if cached is not None else static_decision(spec, problem)
         if store:
-            self._decisions.pop(key, None)
-            self._decisions[key] = Cached(now, decision, signature)
-            while len(self._decisions) > MAX_CACHED_POLICIES:
-                self._decisions.pop(next(iter(self._decisions)))
+            _remember(self._decisions, key, Cached(now, decision, signature))
         return decision
 
+    def _signature(self, model: str) -> tuple[int, int]:
+        return decide.signature(self._models.get(model), self.config.policy.min_evidence)
+
     def _wire(self, key: Key, decision: Decision, spec: SpecConfig, now: float) -> Policy:
-        active = active_overrides(self._overrides, now)
-        cells, curves = wire.graph_inputs(self._models.get(key[0]), spec, self._preset, self.config.learner)
-        graph_basis = (cells.model_dump_json() if cells is not None else None, tuple(sorted(
-            (n, tuple(c)) for n, c in curves.items())))
-        basis = (decision, tuple(active.values()), tuple(spec.model_free_methods), graph_basis)
-        served = self._served.get(key)
-        if served is not None and wire.same_basis(served.basis, basis):
-            return served.policy
-        default, cats = wire.category_policies(decision, spec, active, curves)
-        content = (self.config.policy.ttl_s, wire.content(default),
-                   tuple(sorted((n, wire.content(p)) for n, p in cats.items())), graph_basis)
-        if served is not None and served.content == content:
-            served.basis = basis
-            return served.policy
-        self._version += 1
-        policy = Policy(version=self._version, issued_at=now, ttl_s=self.config.policy.ttl_s, default=default,
-                        categories=cats, step_cells=cells)
-        self._served.pop(key, None)
-        self._served[key] = wire.Served(content, policy, basis)
-        while len(self._served) > MAX_CACHED_POLICIES:
-            self._served.pop(next(iter(self._served)))
-        return policy
+        held = self._served.get(key)
+        served, self._version = wire.serve(held, decision, spec, now, active_overrides(self._overrides, now),
+                                           self._models.get(key[0]), self._preset, self.config, self._version)
+        if held is not None and served.policy is held.policy:
+            self._served[key] = served  # the same policy, wired from a newer basis: it keeps its place
+        else:
+            _remember(self._served, key, served)
+        return served.policy
 
     # -- reads --------------------------------------------------------------------------------------------------
-    def _count_error(self, model: str, exc: Exception) -> None:
+    def _count_error(self, model: str, problem: str) -> None:
         self._decision_errors[model] = self._decision_errors.get(model, 0) + 1
-        self.last_decision_error = (model, f"{type(exc).__name__}: {exc}"[:300])
+        self.last_decision_error = (model, problem[:300])
 
     def _effective(self, model: str, now: float, cached_only: bool = False) -> reads.Effective | None:
         """The decision a view shows: that of the model's most recently seen engine; ``cached_only``: the one
@@ -326,7 +217,7 @@ class Brain:
             try:
                 out.extend(self._views(model, now, self._models[model].categories))
             except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail every read
-                self._count_error(model, exc)
+                self._count_error(model, f"{type(exc).__name__}: {exc}")
         return out
 
     def category(self, name: str, now: float, model: str | None = None) -> CategoryView | None:
@@ -336,7 +227,7 @@ class Brain:
                 try:
                     return self._views(m, now, [name])[0]
                 except Exception as exc:  # noqa: BLE001 -- as in categories()
-                    self._count_error(m, exc)
+                    self._count_error(m, f"{type(exc).__name__}: {exc}")
                     return None
         return None
 
@@ -364,7 +255,7 @@ class Brain:
             return reads.model_metrics(ms, self._engines, eff, active_overrides(self._overrides, now), now,
                                        self.config)
         except Exception as exc:  # noqa: BLE001 -- one model's unreadable state must not fail the scrape
-            self._count_error(model, exc)
+            self._count_error(model, f"{type(exc).__name__}: {exc}")
             return None
 
     def metrics(self, now: float, parts: list[tuple[list, list, list, list] | None] | None = None) -> MetricsSnapshot:
@@ -412,14 +303,16 @@ class Brain:
 
     def _shrink_to_budget(self) -> None:
         """Forget the least recently seen categories, then engines, until the state fits the budget."""
-        cats = sorted(((st.last_seen or 0.0, m, c) for m, ms in self._models.items() for c, st in ms.categories.items()))
-        for _seen, model, cat in cats:
+        for kind, name in evict.over_budget(self._models, self._engines):
             if self._series <= self.config.budget.max_series:
                 return
-            self._drop("category", category_key(model, cat))
+            self._drop(kind, name)
             self._recount()
-        for eid in sorted(self._engines, key=lambda e: self._engines[e].last_seen or 0.0):
-            if self._series <= self.config.budget.max_series:
-                return
-            self._drop("engine", eid)
-            self._recount()
+
+
+def _remember(cache: dict, key: Key, value: object) -> None:
+    """Store ``value`` as the newest entry of a bounded cache, dropping the oldest beyond the bound."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > MAX_CACHED_POLICIES:
+        cache.pop(next(iter(cache)))

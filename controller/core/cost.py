@@ -181,18 +181,3 @@ def step_kind(step: StepRecord) -> int:
     if not ks:
         return PLAIN
     return MIXED if len(ks) > 1 or drafting < step.batch_size else UNIFORM
-
-
-
-
-#: Names that moved to :mod:`controller.core.cost_fit` and are still imported from here (bench/gpu scripts).
-_FIT_NAMES = frozenset({"OnlineCostModel", "features", "N_FEATURES", "MIN_BASE_S", "BATCH_CELLS", "CELL_PRIOR",
-                        "batch_cell"})
-
-
-def __getattr__(name: str):
-    if name in _FIT_NAMES:  # resolved on first use: cost_fit imports this module
-        from controller.core import cost_fit
-
-        return getattr(cost_fit, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,8 @@
 
 A port of SGLang's EMA strategy (``python/sglang/srt/speculative/adaptive_spec_params.py``:
 ``AdaptiveStepSlot`` and ``AdaptiveSpeculativeParams``, with the batch-size routing of
-``adaptive_step_router.py``). It is a baseline for the benchmarks and ``specctl replay``; the service never
-serves it.
+``adaptive_step_router.py``). It is a baseline for the benchmarks and ``specctl replay`` (which runs the tiers
+over recorded steps, :func:`recorded_steps`); the service never serves it.
 
 Model. One engine-wide proposal length ("steps") per batch-size slot. The slot of a batch is the largest
 configured key <= the batch size (keys 1, 8, 32, 64 by default: batches 1-7, 8-31, 32-63, >= 64). Each slot
@@ -37,8 +37,13 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
+
+from controller.protocol import TelemetryBatch
 
 
 @dataclass(frozen=True)
@@ -153,3 +158,48 @@ def update(state: TiersState, slots: Mapping[int, SlotConfig], batch_size: int,
     if new == old:
         return state
     return TiersState({**state.slots, key: new})
+
+
+# --- the tiers over recorded steps (``specctl replay``) --------------------------------------------------------------
+def _tail(betas: np.ndarray, start: int, k: int) -> float:
+    """Expected further acceptances at positions start+1..k given everything up to ``start`` was accepted."""
+    if k <= start:
+        return 0.0
+    return float(np.sum(np.cumprod(betas[start:k])))
+
+
+def recorded_steps(batches: Sequence[TelemetryBatch], betas: Mapping[str, np.ndarray], k_max: int,
+                   initial_steps: int = 3, slots: Mapping[int, SlotConfig] | None = None
+                   ) -> dict[int, int]:
+    """Steps the EMA tiers would have spent at each k on the recorded traffic.
+
+    Each recorded draft of length ``k_r`` with ``j`` accepted is what a draft of length ``k`` would have
+    accepted up to ``min(j, k)`` (prefix-consistent drafters); beyond ``k_r`` after a full acceptance the
+    category's conditional acceptance ``betas`` gives the expected rest.
+    """
+    cfg = clamp_slots(slots or DEFAULT_SLOTS, k_max)
+    state = init_state(min(initial_steps, k_max), cfg)
+    counts: dict[int, int] = defaultdict(int)
+    for b in batches:
+        for st in b.steps:
+            if st.batch_size <= 0:
+                continue
+            k = state.steps_for_batch(st.batch_size)
+            counts[k] += 1
+            accepted: list[float] = []
+            for cs in st.categories:
+                bet = betas.get(cs.category)
+                for h in cs.hists:
+                    for j, n in enumerate(h.accepted):
+                        if not n:
+                            continue
+                        if j < h.k or k <= h.k:
+                            a = float(min(j, k))
+                        else:
+                            a = h.k + (_tail(bet, h.k, k) if bet is not None else 0.0)
+                        accepted.extend([a] * n)
+            if k == 0:
+                accepted = [0.0] * st.batch_size
+            if accepted:
+                state = update(state, cfg, st.batch_size, accepted)
+    return dict(counts)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import ValidationError
 
-from controller.core import whatif
+from controller.core import ema_tiers, token_traces, whatif
 from controller.core.brain import Brain, IngestRejected
 from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from controller.core.cost import PRESETS
@@ -61,14 +61,14 @@ def parse_telemetry(lines: Iterable[str], source: str = "telemetry") -> list[Tel
     return out
 
 
-def parse_requests(lines: Iterable[str], source: str = "requests") -> list[whatif.RequestTrace]:
+def parse_requests(lines: Iterable[str], source: str = "requests") -> list[token_traces.RequestTrace]:
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             d = json.loads(line)
-            out.append(whatif.RequestTrace(str(d["category"]), tuple(int(x) for x in d["prompt_token_ids"]),
+            out.append(token_traces.RequestTrace(str(d["category"]), tuple(int(x) for x in d["prompt_token_ids"]),
                                            tuple(int(x) for x in d["output_token_ids"])))
         except (ValueError, KeyError, TypeError) as exc:
             raise ReplayError(f"{source}:{i}: not a request trace ({type(exc).__name__}: {exc})") from None
@@ -131,7 +131,7 @@ def _wire_choice(brain: Brain, model: str, spec: SpecConfig, now: float,
 
 
 def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Workload,
-                 profiles: Mapping[str, Mapping[tuple[str, int], whatif.Profile]]) -> tuple[dict, list[str]]:
+                 profiles: Mapping[str, Mapping[tuple[str, int], token_traces.Profile]]) -> tuple[dict, list[str]]:
     choice, notes = {}, []
     default = decisions.get("_default", (0, METHOD_OFF, "default"))
     for c in work.categories:
@@ -139,7 +139,7 @@ def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Wor
         p = whatif.profile_for(profiles, c, m, k)
         if p is None:
             notes.append(f"goodput: no profile for {c} at {m}:{k}; counted as off")
-            p = whatif.OFF
+            p = token_traces.OFF
         choice[c] = p
     return choice, notes
 
@@ -147,7 +147,7 @@ def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Wor
 def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batch_size, method):
     betas = {c: np.asarray(per[method].betas(max(k_max, 1), 0.5, 4.0))
              for c, per in profiles_est.items() if method in per}
-    counts = whatif.ema_tier_steps(batches, betas, k_max, initial_steps)
+    counts = ema_tiers.recorded_steps(batches, betas, k_max, initial_steps)
     parts = []
     for k, steps in sorted(counts.items()):
         est = whatif.estimate(work, whatif.uniform(work, profiles, method, k), cost, batch_size)
@@ -156,8 +156,8 @@ def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batc
 
 
 # --- the replay ------------------------------------------------------------------------------------------------
-def replay(batches: Sequence[TelemetryBatch], traces: Sequence[whatif.RequestTrace] = (),
-           proposers: Mapping[str, whatif.Proposer] | None = None, *, policies: Sequence[str] = DEFAULT_POLICIES,
+def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.RequestTrace] = (),
+           proposers: Mapping[str, token_traces.Proposer] | None = None, *, policies: Sequence[str] = DEFAULT_POLICIES,
            ks: Sequence[int] = DEFAULT_KS, k_max: int | None = None, batch_size: float | None = None,
            preset: str = "cpu", ema_initial_steps: int = 3, timeline: bool = False,
            category_floor: float | None = None) -> dict:
@@ -175,19 +175,19 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[whatif.RequestTra
     cost = whatif.fit_cost(batches, PRESETS[preset])
     est, _ = whatif.acceptance(batches)
     tel = whatif.telemetry_profiles(batches, all_ks)
-    scored = whatif.trace_profiles(traces, proposers or {}, all_ks) if traces and proposers else {}
+    scored = token_traces.trace_profiles(traces, proposers or {}, all_ks) if traces and proposers else {}
     profiles = whatif.merge_profiles(scored, tel)
     notes: list[str] = []
     rows: dict[str, dict] = {}
 
-    def row(name: str, choice: Mapping[str, whatif.Profile], e: whatif.Estimate | None = None, **extra) -> None:
+    def row(name: str, choice: Mapping[str, token_traces.Profile], e: whatif.Estimate | None = None, **extra) -> None:
         e = e or whatif.estimate(work, choice, cost, batch_size)
         rows[name] = {"goodput": e.goodput, "step_ms": e.step_ms, "per_category": dict(e.per_category),
                       "choice": {c: {"method": p.method, "k": p.k, "e": round(p.e, 4), "d": round(p.d, 4), "source": p.source}
                                  for c, p in choice.items()},
                       **extra}
 
-    row("off", {c: whatif.OFF for c in work.categories})
+    row("off", {c: token_traces.OFF for c in work.categories})
     for name in policies:
         if name == "recorded":
             row("recorded", dict(work.recorded))

@@ -46,30 +46,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.core import ema_tiers
 from controller.core.cost import CostCoefficients, step_kind, step_shape
 from controller.core.cost_fit import OnlineCostModel
 from controller.core.estimator import AcceptanceEstimator
 from controller.core.model.batch import BatchModel, Options, Prefill
 from controller.core.model.search import search
-from controller.core.token_traces import (
-    OFF,
-    Profile,
-    Proposer,
-    RequestTrace,
-    score_request,
-    trace_histograms,
-    trace_profiles,
-)
+from controller.core.token_traces import OFF, Profile
 from controller.drafters import is_model_free, resolve
 from controller.protocol import METHOD_OFF, TelemetryBatch
-
-#: what replay and the benchmarks take from here (the token-trace part lives in controller.core.token_traces)
-__all__ = ["OFF", "Estimate", "Profile", "Proposer", "RequestTrace", "StepLoad", "Workload", "acceptance",
-           "batch_model", "best_static", "ema_tier_steps", "estimate", "fit_cost", "merge_profiles",
-           "mixed_estimate", "options", "profile_for", "score_request", "step_load", "telemetry_profiles",
-           "trace_histograms", "trace_profiles", "uniform", "workload_from_telemetry"]
-
 
 
 @dataclass(frozen=True)
@@ -296,51 +280,6 @@ def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], 
 
 def _position(opts: Sequence[Profile], p: Profile) -> int:
     return next((i for i, q in enumerate(opts) if (q.method, q.k) == (p.method, p.k) or (q.k == 0 and p.k == 0)), 0)
-
-
-# --- SGLang-style EMA tiers over the recorded steps --------------------------------------------------------------
-def _tail(betas: np.ndarray, start: int, k: int) -> float:
-    """Expected further acceptances at positions start+1..k given everything up to ``start`` was accepted."""
-    if k <= start:
-        return 0.0
-    return float(np.sum(np.cumprod(betas[start:k])))
-
-
-def ema_tier_steps(batches: Sequence[TelemetryBatch], betas: Mapping[str, np.ndarray], k_max: int,
-                   initial_steps: int = 3, slots: Mapping[int, ema_tiers.SlotConfig] | None = None
-                   ) -> dict[int, int]:
-    """Steps the EMA tiers would have spent at each k on the recorded traffic.
-
-    Each recorded draft of length ``k_r`` with ``j`` accepted is what a draft of length ``k`` would have
-    accepted up to ``min(j, k)`` (prefix-consistent drafters); beyond ``k_r`` after a full acceptance the
-    category's conditional acceptance ``betas`` gives the expected rest.
-    """
-    cfg = ema_tiers.clamp_slots(slots or ema_tiers.DEFAULT_SLOTS, k_max)
-    state = ema_tiers.init_state(min(initial_steps, k_max), cfg)
-    counts: dict[int, int] = defaultdict(int)
-    for b in batches:
-        for st in b.steps:
-            if st.batch_size <= 0:
-                continue
-            k = state.steps_for_batch(st.batch_size)
-            counts[k] += 1
-            accepted: list[float] = []
-            for cs in st.categories:
-                bet = betas.get(cs.category)
-                for h in cs.hists:
-                    for j, n in enumerate(h.accepted):
-                        if not n:
-                            continue
-                        if j < h.k or k <= h.k:
-                            a = float(min(j, k))
-                        else:
-                            a = h.k + (_tail(bet, h.k, k) if bet is not None else 0.0)
-                        accepted.extend([a] * n)
-            if k == 0:
-                accepted = [0.0] * st.batch_size
-            if accepted:
-                state = ema_tiers.update(state, cfg, st.batch_size, accepted)
-    return dict(counts)
 
 
 def mixed_estimate(parts: Sequence[tuple[float, Estimate]]) -> Estimate:

@@ -13,7 +13,13 @@ import hashlib
 import math
 from dataclasses import dataclass
 
+from controller.core.config import BrainConfig
+from controller.core.cost import CostCoefficients
+from controller.core.engines import EngineBook
+from controller.core.learner import ModelState
+from controller.core.policy import goodput
 from controller.core.policy.types import CategoryDecision, Decision
+from controller.core.stages.snapshot import policy_snapshot
 from controller.core.stages.wire import category_policy
 from controller.protocol import METHOD_OFF, SpecConfig
 
@@ -46,6 +52,28 @@ def refresh_interval(key: Key, interval_s: float) -> float:
 def is_fresh(cached: Cached | None, key: Key, now: float, interval_s: float, signature: tuple[int, int]) -> bool:
     return cached is not None and 0 <= now - cached.computed_at < refresh_interval(key, interval_s) \
         and cached.signature == signature
+
+
+def signature(ms: ModelState | None, min_evidence: float) -> tuple[int, int]:
+    """(categories, drafters with enough evidence): when it changes the cached decision is stale at once
+    (a new category, or a drafter that just became usable, should not wait for the interval)."""
+    if ms is None:
+        return (0, 0)
+    usable = sum(1 for st in ms.categories.values() for e in st.methods.values()
+                 if e.cum.drafts + e.cf_cum.drafts >= min_evidence)
+    return (len(ms.categories), usable)
+
+
+def compute(ms: ModelState | None, book: EngineBook | None, spec: SpecConfig, now: float,
+            previous: Decision | None, config: BrainConfig, preset: CostCoefficients
+            ) -> tuple[Decision | None, str | None]:
+    """The policy's decision on this engine's snapshot, and why it cannot be served (None when it can)."""
+    try:
+        decision = goodput.decide(policy_snapshot(ms, book, spec, now, previous, config.learner, preset),
+                                  config.policy)
+        return decision, unsound(decision, spec)
+    except Exception as exc:  # noqa: BLE001 -- no learned state may make a later request fail
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _finite(*values: float) -> bool:

@@ -1,20 +1,24 @@
-"""A telemetry batch checked before it is learned from, and charged against the learned-state budget.
+"""A telemetry batch checked, charged against the learned-state budget, then learned from.
 
-Nothing here mutates: :func:`validate` raises :class:`IngestRejected` for a batch that passed the schema but
-makes no sense (or does not fit the engine/model caps), :func:`charge` says how many series a batch's digest
-would add. The Brain applies a batch only after both passed, so a rejection leaves everything as it was.
+:func:`admit` runs every check: :func:`validate` raises :class:`IngestRejected` for a batch that passed the
+schema but makes no sense (or does not fit the engine/model caps), the engine's book classifies its sequence
+number (a duplicate is answered without learning), and :func:`charge` says how many series its digest would add.
+Up to there nothing learned is touched (only the engine's own counters of conflicts, suspects and duplicates),
+so a rejection leaves the learned state as it was; :func:`apply` then learns from the admitted batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.core.budget import category_series, label_weight
-from controller.core.config import BudgetSettings
-from controller.core.engines import EngineBook
-from controller.core.learner import ModelState
+from controller.core.budget import MODEL_SERIES, category_series, engine_series, label_weight
+from controller.core.config import BrainConfig, BudgetSettings
+from controller.core.cost import CostCoefficients
+from controller.core.engines import COUNTER_CAP, EngineBook
+from controller.core.learner import BatchDigest, ModelState
 from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
 
@@ -32,6 +36,18 @@ class IngestRejected(Exception):
 class IngestResult:
     outcome: Literal["accepted", "duplicate"]
     gaps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """A batch that passed every check, not applied yet: its engine's book and model state (new ones not yet
+    stored), its digest, the gap its sequence number opened and the series it adds to the budget."""
+
+    book: EngineBook
+    state: ModelState
+    digest: BatchDigest
+    gap_delta: int
+    cost: int
 
 
 def validate(batch: TelemetryBatch, book: EngineBook | None, engines: int, models: Mapping[str, ModelState],
@@ -71,7 +87,7 @@ def validate(batch: TelemetryBatch, book: EngineBook | None, engines: int, model
                                  f"{step.batch_size}")
 
 
-def charge(ms: ModelState, digest, k_max: int) -> int:
+def charge(ms: ModelState, digest: BatchDigest, k_max: int) -> int:
     """Series the digest would add to ``ms`` (new categories, new methods, a larger k); 0 for most batches."""
     k = max(ms.charged_k, k_max)
     methods: dict[str, set[str]] = {}
@@ -90,3 +106,65 @@ def charge(ms: ModelState, digest, k_max: int) -> int:
     after += sum(category_series(k, len(m), label_weight(ms.name, c)) for c, m in methods.items()
                  if c not in ms.categories)
     return after - before
+
+
+def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapping[str, ModelState], series: int,
+          config: BrainConfig, preset: CostCoefficients, now: float) -> Admission | IngestResult:
+    """Check ``batch`` against the learned state (``series`` charged so far): an :class:`Admission`, or the
+    answer to a duplicate; raises :class:`IngestRejected` (429 when a cap or the budget is full)."""
+    book = engines.get(batch.engine_id)
+    validate(batch, book, len(engines), models, config.budget)
+    if book is None:
+        book = EngineBook(batch.engine_id)
+    outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
+    if outcome == "conflict":
+        book.record_conflict(batch.boot_id, batch.seq, now)
+        raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
+                             f"{batch.boot_id!r} and boot {book.boot_id!r}): give each engine its own "
+                             "SPECCTL_ENGINE_ID", status=409)
+    if outcome == "suspect":
+        book.record_suspect(batch.boot_id, batch.seq)
+    if outcome != "accepted":
+        if batch.engine_id in engines:
+            book.outcomes["duplicate"] += 1
+        return IngestResult("duplicate", book.gaps)
+    ms = models.get(batch.model_name)
+    new_model = ms is None
+    if ms is None:
+        ms = ModelState(batch.model_name, preset, config.learner)
+    cap = config.learner.max_categories_per_model
+    digest = ms.digest(batch, cap)
+    extra = (0 if batch.engine_id in engines else engine_series(batch.engine_id, batch.model_name)) + (
+        math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
+    cost = extra + charge(ms, digest, batch.spec.k_max)
+    limit = config.budget.max_series
+    if cost and series + cost > limit:
+        # the budget is full: new category names pool into the overflow category, as beyond the cap
+        digest = ms.digest(batch, min(cap, len(ms.categories)))
+        cost = extra + charge(ms, digest, batch.spec.k_max)
+        if series + cost > limit:
+            raise IngestRejected(
+                f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
+                "idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings is forgotten, or an operator can "
+                "forget it (POST /v1/forget)", status=429)
+    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost)
+
+
+def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig) -> IngestResult:
+    """Learn from an admitted batch: the model's state and the engine's bookkeeping (the caller stores a new
+    book or model state and charges the series)."""
+    ms, book, digest = admitted.state, admitted.book, admitted.digest
+    ms.charged_k = max(ms.charged_k, batch.spec.k_max)
+    ms.apply(digest, now, config.learner, book.mix)
+    book.record(batch.boot_id, batch.seq, admitted.gap_delta, batch.dropped_steps)
+    book.model = batch.model_name
+    book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
+    book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
+    book.model_free_methods = tuple(batch.spec.model_free_methods)
+    book.steps = min(COUNTER_CAP, book.steps + digest.steps)
+    book.step_seconds += digest.step_seconds
+    book.last_seen = now
+    if batch.policy_version is not None:
+        book.policy_version_reported = batch.policy_version
+    book.outcomes["accepted"] += 1
+    return IngestResult("accepted", book.gaps)

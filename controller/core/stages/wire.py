@@ -3,8 +3,8 @@
 Per category the decided k, drafter (named on the wire by :func:`controller.drafters.to_wire`) and adaptation
 band, clamped to the engine's k_max; active operator overrides applied on top; for graph-shaped engines the
 step-cost cell table and each category's E_c(K) curve, rounded so that noise alone does not make a new policy
-version at every refresh. Pure functions: the version counter is the Brain's (it bumps only when
-:func:`content`, what an engine acts on, changes).
+version at every refresh. Pure functions: :func:`serve` is given the version counter and the policy served
+before, and bumps the version only when :func:`content`, what an engine acts on, changes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from controller.core.config import LearnerSettings
+from controller.core.config import BrainConfig, LearnerSettings
 from controller.core.cost import CostCoefficients
 from controller.core.learner import ModelState
 from controller.core.model.widths import expected_lengths
@@ -36,7 +36,7 @@ WIRE_NAME = re.compile(CATEGORY_PATTERN)
 MAX_POLICY_CATEGORIES = 1024
 
 
-@dataclass
+@dataclass(frozen=True)
 class Served:
     content: tuple
     policy: Policy
@@ -51,6 +51,26 @@ def same_basis(held: tuple, basis: tuple) -> bool:
     Decisions are compared by identity: a cached decision stays the same object until it is recomputed.
     """
     return bool(held) and held[0] is basis[0] and held[1:] == basis[1:]
+
+
+def serve(held: Served | None, decision: Decision, spec: SpecConfig, now: float, active: dict[str, Override],
+          ms: ModelState | None, preset: CostCoefficients, config: BrainConfig, version: int) -> tuple[Served, int]:
+    """The policy an engine gets for ``decision`` and the version counter after it: ``held`` (the policy served
+    before) while it was wired from the same basis or says the same, else a new policy at ``version + 1``."""
+    cells, curves = graph_inputs(ms, spec, preset, config.learner)
+    graph_basis = (cells.model_dump_json() if cells is not None else None, tuple(sorted(
+        (n, tuple(c)) for n, c in curves.items())))
+    basis = (decision, tuple(active.values()), tuple(spec.model_free_methods), graph_basis)
+    if held is not None and same_basis(held.basis, basis):
+        return held, version
+    default, cats = category_policies(decision, spec, active, curves)
+    ttl_s = config.policy.ttl_s
+    wired = (ttl_s, content(default), tuple(sorted((n, content(p)) for n, p in cats.items())), graph_basis)
+    if held is not None and held.content == wired:
+        return Served(wired, held.policy, basis), version
+    policy = Policy(version=version + 1, issued_at=now, ttl_s=ttl_s, default=default, categories=cats,
+                    step_cells=cells)
+    return Served(wired, policy, basis), version + 1
 
 
 def graph_inputs(ms: ModelState | None, spec: SpecConfig, preset: CostCoefficients, ls: LearnerSettings

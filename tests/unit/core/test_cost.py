@@ -313,3 +313,11 @@ def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
         c = m.coefficients()
         assert all(np.isfinite(c.vector())) and c.base >= MIN_BASE_S
         assert c.step_time(1, 1) > 0 and np.all(m.depth_factors(1, 32) > 0) and m.mixed_penalty(1) > 0
+
+
+def test_the_fit_s_names_have_one_home():
+    """The online fit lives in controller.core.cost_fit only: this module re-exports none of it."""
+    from controller.core import cost, cost_fit
+
+    for name in ("OnlineCostModel", "features", "N_FEATURES", "MIN_BASE_S", "BATCH_CELLS", "CELL_PRIOR", "batch_cell"):
+        assert hasattr(cost_fit, name) and not hasattr(cost, name), name

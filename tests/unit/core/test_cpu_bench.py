@@ -12,7 +12,7 @@ from bench.cpu import measure, oracle, report, traces
 from bench.cpu.driver import Phase, Record
 from bench.cpu.ema_driver import EmaOverrideDriver
 from bench.cpu.workload import bench_workload, key
-from controller.core import whatif
+from controller.core import token_traces, whatif
 from controller.core.cost import CostCoefficients
 from tests.support.workload import CATEGORIES, build_workload
 
@@ -135,7 +135,7 @@ def test_measured_argmax_picks_each_category_s_best_static_run() -> None:
 
 def test_fit_cost_recovers_a_linear_step_cost() -> None:
     work = whatif.Workload({"c": 1000.0}, 500.0, 4.0, 0, 0.0)
-    profiles = {"c": {("ngram", k): whatif.Profile("ngram", k, 1 + 0.5 * k, float(k), "trace") for k in range(1, 9)}}
+    profiles = {"c": {("ngram", k): token_traces.Profile("ngram", k, 1 + 0.5 * k, float(k), "trace") for k in range(1, 9)}}
     a, b = 2e-3, 1e-4
     walls = {}
     for k in (0, 1, 2, 4, 8):
@@ -149,7 +149,7 @@ def test_fit_cost_recovers_a_linear_step_cost() -> None:
 
 def test_model_choice_turns_off_what_does_not_pay() -> None:
     work = whatif.Workload({"copy": 500.0, "chat": 500.0}, 0.0, 8.0, 0, 0.0)
-    profiles = {c: {("ngram", k): whatif.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
+    profiles = {c: {("ngram", k): token_traces.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
                     for k in range(1, 5)} for c, b in (("copy", 0.95), ("chat", 0.02))}
     cost = CostCoefficients(1e-3, 0, 1e-4, 0, 0, 0, 0, 0, 0, 0)
     choice = oracle.model_choice(work, profiles, cost)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.core import ema_tiers, replay, whatif
+from controller.core import ema_tiers, replay, token_traces, whatif
 from controller.core.cost import CPU, CostCoefficients
 from controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 from tests.unit.core.factories import length_counts
@@ -92,7 +92,7 @@ def repeat_last(tokens: np.ndarray, k: int) -> list[int]:
     return [int(tokens[-1])] * k
 
 
-TRACE = whatif.RequestTrace("c", (1, 2, 3), (5, 5, 5, 5, 5, 5, 6))
+TRACE = token_traces.RequestTrace("c", (1, 2, 3), (5, 5, 5, 5, 5, 5, 6))
 
 
 @pytest.mark.parametrize(("k", "steps", "drafted"), [
@@ -103,12 +103,12 @@ TRACE = whatif.RequestTrace("c", (1, 2, 3), (5, 5, 5, 5, 5, 5, 6))
     (8, 1, 8),  # one step: five of the eight drafts accepted, the bonus token is the final 6
 ])
 def test_score_request_counts_steps_and_drafts(k, steps, drafted) -> None:
-    assert whatif.score_request(TRACE, repeat_last, [k], 8)[k] == (steps, drafted)
+    assert token_traces.score_request(TRACE, repeat_last, [k], 8)[k] == (steps, drafted)
 
 
 def test_trace_profiles_pool_tokens_over_steps_per_category() -> None:
-    traces = [TRACE, whatif.RequestTrace("c", (9,), (7, 8)), whatif.RequestTrace("d", (1,), (2,))]
-    prof = whatif.trace_profiles(traces, {"rep": repeat_last}, [1, 2])
+    traces = [TRACE, token_traces.RequestTrace("c", (9,), (7, 8)), token_traces.RequestTrace("d", (1,), (2,))]
+    prof = token_traces.trace_profiles(traces, {"rep": repeat_last}, [1, 2])
     # category c at k=2: (6 + 1) decode tokens over (2 + 1) steps; the 1-token request has nothing to decode
     assert prof["c"][("rep", 2)].e == pytest.approx(7 / 3)
     assert prof["c"][("rep", 2)].d == pytest.approx((4 + 2) / 3)
@@ -116,7 +116,7 @@ def test_trace_profiles_pool_tokens_over_steps_per_category() -> None:
 
 
 def test_trace_histograms_lists_drafted_and_accepted_per_step() -> None:
-    assert whatif.trace_histograms(TRACE, repeat_last, 4) == [(4, 4), (4, 0)]
+    assert token_traces.trace_histograms(TRACE, repeat_last, 4) == [(4, 4), (4, 0)]
 
 
 # --- the estimate ------------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_trace_histograms_lists_drafted_and_accepted_per_step() -> None:
 ])
 def test_estimate_matches_the_closed_form(e, d, batch, prefill, base, per_token) -> None:
     work = whatif.Workload({"c": 1000.0}, float(prefill), float(batch), 0, 0.0)
-    choice = {"c": whatif.Profile("ngram", 4, e, d, "trace")}
+    choice = {"c": token_traces.Profile("ngram", 4, e, d, "trace")}
     got = whatif.estimate(work, choice, linear_cost(base, per_token))
     steps = 1000.0 / e / batch
     tokens = (prefill + 1000.0 / e * (1 + d)) / steps
@@ -140,14 +140,14 @@ def test_estimate_matches_the_closed_form(e, d, batch, prefill, base, per_token)
 def test_a_category_that_speeds_up_takes_fewer_slots() -> None:
     """Closed loop: doubling E of one category halves its request steps, so it weighs less in the batch."""
     work = whatif.Workload({"a": 100.0, "b": 100.0}, 0.0, 2.0, 0, 0.0)
-    load = whatif.step_load(work, {"a": whatif.Profile("ngram", 1, 2.0, 1.0, "trace")})
+    load = whatif.step_load(work, {"a": token_traces.Profile("ngram", 1, 2.0, 1.0, "trace")})
     assert load.request_steps == {"a": 50.0, "b": 100.0}
     assert load.steps == pytest.approx(75.0)
 
 
 def test_best_static_beats_every_uniform_choice() -> None:
     work = whatif.Workload({"copy": 500.0, "chat": 500.0}, 0.0, 8.0, 0, 0.0)
-    profiles = {c: {("ngram", k): whatif.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
+    profiles = {c: {("ngram", k): token_traces.Profile("ngram", k, 1 + sum(b ** i for i in range(1, k + 1)), k, "trace")
                     for k in range(1, 5)} for c, b in (("copy", 0.9), ("chat", 0.1))}
     cost = linear_cost(1e-3, 2e-4)
     best = whatif.best_static(work, profiles, cost)
@@ -157,7 +157,7 @@ def test_best_static_beats_every_uniform_choice() -> None:
     assert best["chat"].k < best["copy"].k
 
 
-def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
+def test_recorded_steps_extrapolate_a_fully_accepted_shorter_draft() -> None:
     """Recorded k=2 drafts all accepted, tier k=3: 2 + beta_3 expected; rejected ones stay as recorded."""
     steps = [StepRecord(t=i * 0.01, wall_s=0.01, batch_size=1, scheduled_tokens=3, draft_tokens=2,
                         categories=[CategoryStep(category="c", method="ngram", requests=1,
@@ -166,7 +166,7 @@ def test_ema_tier_steps_extrapolates_a_fully_accepted_shorter_draft() -> None:
     batch = TelemetryBatch(engine_id="e", boot_id="b", model_name="m", seq=0, sent_at=0.0, spec=NGRAM_SPEC,
                            steps=steps)
     slots = {1: ema_tiers.SlotConfig((3,), warmup_batches=0, update_interval=1)}
-    counts = whatif.ema_tier_steps([batch], {"c": np.array([1.0, 1.0, 0.5])}, 8, 3, slots)
+    counts = ema_tiers.recorded_steps([batch], {"c": np.array([1.0, 1.0, 0.5])}, 8, 3, slots)
     assert counts == {3: 30}
 
 
@@ -264,7 +264,7 @@ def test_parse_telemetry_names_the_bad_line(lines, message) -> None:
 ])
 def test_parse_requests(line, ok) -> None:
     if ok:
-        assert replay.parse_requests([line]) == [whatif.RequestTrace("c", (1, 2), (3,))]
+        assert replay.parse_requests([line]) == [token_traces.RequestTrace("c", (1, 2), (3,))]
     else:
         with pytest.raises(replay.ReplayError, match="requests:1"):
             replay.parse_requests([line])

@@ -8,9 +8,11 @@ import pytest
 
 from bench.sim import oracle
 from bench.sim.profiles import CategoryProfile, Trace
-from controller.core import whatif
+from controller.core import token_traces, whatif
 from controller.core.config import PolicySettings
 from controller.core.cost import CPU, H200, CostCoefficients
+from controller.core.model.batch import BatchModel
+from controller.core.model.cells import CellTable
 from controller.core.policy import goodput
 from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 
@@ -55,7 +57,7 @@ def via_replay(choice, batch: float, cost: CostCoefficients) -> float:
     picked = {}
     for c, (k, m) in choice.items():
         betas = CATEGORIES[c][2 if m == ENGINE else 3]
-        picked[c] = whatif.Profile(m, k, e_of(betas, k), float(k), "telemetry") if k else whatif.OFF
+        picked[c] = token_traces.Profile(m, k, e_of(betas, k), float(k), "telemetry") if k else token_traces.OFF
     return whatif.estimate(work, picked, cost, batch).goodput
 
 
@@ -115,9 +117,28 @@ def test_the_search_finds_what_the_oracle_s_exhaustive_ranking_finds(batch) -> N
     """Replay's hindsight choice (the policy's coordinate ascent) reaches the best of all 13**4 configurations."""
     committed = {c: 1000.0 * w for c, w in demand().items()}
     work = whatif.Workload(committed, rho() * sum(committed.values()), float(batch), 0, 0.0)
-    profiles = {c: {(m, k): whatif.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "t")
+    profiles = {c: {(m, k): token_traces.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "t")
                     for m in (ENGINE, FREE) for k in range(1, K_MAX + 1)} for c in CATEGORIES}
     searched = whatif.estimate(work, whatif.best_static(work, profiles, H200), H200).goodput
     trace, exp = oracle_inputs()
     ((exhaustive, _),) = oracle.best_static(trace, exp, H200, batch, top=1)
     assert searched == pytest.approx(exhaustive, rel=1e-9)
+
+
+@pytest.mark.parametrize("choice", CHOICES[:2])
+def test_all_three_price_the_step_through_the_batch_model_s_one_step_model(choice, monkeypatch) -> None:
+    """Doubling BatchModel.time halves what every path reports, and the preset's own formula is never asked:
+    no path prices a step with a model of its own (the preset directly, or the engine's cell table)."""
+    before = {"policy": via_policy(choice, 8.0, H200), "replay": via_replay(choice, 8.0, H200),
+              "oracle": via_oracle(choice, 8.0, H200)}
+    time = BatchModel.time
+    monkeypatch.setattr(BatchModel, "time", lambda self, *a: 2.0 * time(self, *a))
+
+    def elsewhere(*_a, **_k):
+        raise AssertionError("a step priced outside the batch model")
+
+    monkeypatch.setattr(CostCoefficients, "step_time", elsewhere)
+    monkeypatch.setattr(CellTable, "view", elsewhere)
+    after = {"policy": via_policy(choice, 8.0, H200), "replay": via_replay(choice, 8.0, H200),
+             "oracle": via_oracle(choice, 8.0, H200)}
+    assert after == pytest.approx({k: v / 2.0 for k, v in before.items()}, rel=1e-12)
