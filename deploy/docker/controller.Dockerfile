@@ -6,6 +6,8 @@ WORKDIR /opt/specctl
 COPY pyproject.toml README.md ./
 COPY controller ./controller
 COPY engine_patch ./engine_patch
+# the import namespace: two relative symlinks to the folders above (COPY keeps them as links)
+COPY specctl_vllm ./specctl_vllm
 RUN set -eux; \
     python -m pip install --no-cache-dir /opt/specctl; \
     python -c "import controller.cli"; \

@@ -60,7 +60,7 @@ def test_copied_files_exist_and_pass_dockerignore(name):
         if line.strip() and not line.startswith("#")
     ]
     sources = copied_sources(path)
-    assert {"pyproject.toml", "controller", "engine_patch"} <= set(sources)
+    assert {"pyproject.toml", "controller", "engine_patch", "specctl_vllm"} <= set(sources)
     for src in sources:
         assert (REPO / src).exists(), src
         assert not ignored(src, patterns), f"{src} is excluded by the .dockerignore"
@@ -114,7 +114,9 @@ def installed(tmp_path_factory) -> Path:
     context = tmp_path_factory.mktemp("context")
     for src in copied_sources(DOCKERFILES["engine"]):
         if (REPO / src).is_dir():
-            shutil.copytree(REPO / src, context / src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            # symlinks=True: COPY keeps specctl_vllm/'s links to ../controller and ../engine_patch as links
+            shutil.copytree(REPO / src, context / src, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy(REPO / src, context / src)
     target = tmp_path_factory.mktemp("site")

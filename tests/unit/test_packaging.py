@@ -1,0 +1,188 @@
+"""What the wheel installs, and one import namespace for the code (docs/packaging.md).
+
+* The wheel's top level is ``specctl_vllm/`` and its dist-info only: no generic ``controller`` or
+  ``engine_patch`` package in site-packages.
+* Nothing in the project imports or names the bare top-level packages. In the repository both
+  ``controller.x`` and ``specctl_vllm.controller.x`` (through the symlink) are importable; using both would load
+  every module twice, with two copies of every class, so ``isinstance`` checks and module state would split.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "specctl_vllm"
+#: the repository folders the namespace links to: never imported by these names
+BARE = ("controller", "engine_patch")
+#: where Python code that must import through the namespace lives
+PY_ROOTS = ("controller", "engine_patch", "bench", "tests", "scripts", "dashboards")
+#: other files that name modules (command lines, deploy files, docs)
+TEXT_ROOTS = ("controller", "engine_patch", "deploy", "docs", "bench", "scripts", ".ci", "tests", "dashboards")
+TEXT_FILES = ("Makefile", "README.md", "pyproject.toml")
+TEXT_SUFFIXES = {".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".py", ".cfg", ".ini", ".json", ""}
+SKIP_DIRS = {"__pycache__", "results", "wheels", "parts", ".venv", ".cache"}
+#: recorded on purpose with both the old and the new module paths (the migration note)
+SKIP_FILES = {"docs/packaging.md"}
+
+
+def _submodules(package: str) -> set[str]:
+    folder = REPO / package
+    return {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+
+
+def _bare_reference() -> re.Pattern[str]:
+    """A dotted module path that starts at a bare package (``<bare>.<one of its modules>``), or ``-m <bare>``."""
+    alternatives = []
+    for package in BARE:
+        subs = "|".join(sorted(map(re.escape, _submodules(package))))
+        # not a logger name quoted in a JSON log line (logger names stay as they were)
+        alternatives.append(rf"(?<![\w./-])(?<!\"logger\": \"){package}\.(?:{subs})\b")
+        alternatives.append(rf"-m[\"',\s]+{package}(?![\w./-])")
+    return re.compile("|".join(alternatives))
+
+
+BARE_REFERENCE = _bare_reference()
+#: logger names are log identifiers, not module paths: they stay as they were
+LOGGER_CALLS = {"getLogger", "LogRecord"}
+
+
+def _walk(roots: tuple[str, ...], keep) -> list[Path]:
+    out = []
+    for root in roots:
+        for folder, dirs, files in os.walk(REPO / root):  # followlinks=False: specctl_vllm/'s links are not walked
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+            out += [Path(folder) / f for f in sorted(files) if keep(Path(folder) / f)]
+    return out
+
+
+def _bare(name: str) -> bool:
+    return name.split(".")[0] in BARE
+
+
+def _logger_names(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in LOGGER_CALLS:
+                ids.add(id(node.args[0]))
+    return ids
+
+
+def test_the_namespace_links_to_the_repository_folders() -> None:
+    for package in BARE:
+        link = REPO / NAMESPACE / package
+        assert link.is_symlink(), f"{link} must be a symlink (the folder stays at the repository's top level)"
+        assert os.readlink(link) == f"../{package}", "relative, so it holds in every checkout and build context"
+        assert link.resolve() == (REPO / package).resolve()
+
+
+def test_no_module_imports_a_bare_top_level_package() -> None:
+    offenders = []
+    for path in _walk(PY_ROOTS, lambda p: p.suffix == ".py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if _bare(n)]
+    assert offenders == [], f"import through {NAMESPACE}.*: {offenders}"
+
+
+def test_no_python_string_names_a_bare_module_path() -> None:
+    """monkeypatch targets, ``importlib.import_module`` arguments, ``--scheduler-cls`` values, docstrings."""
+    offenders = []
+    for path in _walk(PY_ROOTS, lambda p: p.suffix == ".py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        loggers = _logger_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in loggers:
+                offenders += [f"{path.relative_to(REPO)}:{node.lineno}: {m.group(0)}"
+                              for m in BARE_REFERENCE.finditer(node.value)]
+    assert offenders == []
+
+
+def test_no_deploy_file_or_doc_names_a_bare_module_path() -> None:
+    def keep(path: Path) -> bool:
+        return path.suffix in TEXT_SUFFIXES and path.relative_to(REPO).as_posix() not in SKIP_FILES
+
+    paths = _walk(TEXT_ROOTS, keep) + [REPO / name for name in TEXT_FILES]
+    offenders = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if path.suffix == ".py" and any(f"{call}(" in line for call in LOGGER_CALLS):
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{lineno}: {m.group(0)}" for m in BARE_REFERENCE.finditer(line)]
+    assert offenders == []
+
+
+def test_the_guard_sees_the_old_forms() -> None:
+    for text in ("x.engine_patch.scheduler", "docs/controller.md", "controller.url", "specctl_vllm.controller.cli",
+                 '{"logger": "controller.service"}'):
+        assert not BARE_REFERENCE.search(text), text
+    for package in BARE:
+        module = min(_submodules(package) - {"__init__", "__main__"})
+        for text in (f"{package}.{module}", f'"-m", "{package}"', f"python -m {package} serve"):
+            assert BARE_REFERENCE.search(text), text
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """``pip wheel`` on a copy of what the Dockerfiles copy (the symlinks kept as links), offline."""
+    context = tmp_path_factory.mktemp("context")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, context / name)
+    for name in (*BARE, NAMESPACE):
+        shutil.copytree(REPO / name, context / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out),
+         str(context)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("specctl_vllm-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_the_wheel_installs_one_top_level_package(wheel) -> None:
+    names = wheel.namelist()
+    top = {name.split("/")[0] for name in names}
+    (info,) = [t for t in top if t.endswith(".dist-info")]
+    assert top == {NAMESPACE, info}
+    assert info.startswith("specctl_vllm-")
+    assert wheel.read(f"{info}/top_level.txt").decode().split() == [NAMESPACE]
+    # the symlinks are followed: every module of the two folders is a real file in the wheel
+    for package in BARE:
+        for path in (REPO / package).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                assert f"{NAMESPACE}/{path.relative_to(REPO).as_posix()}" in names, path
+    assert f"{NAMESPACE}/controller/openapi.json" in names
+
+
+def test_the_wheel_entry_points_name_the_namespace(wheel) -> None:
+    (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    text = wheel.read(entry_points).decode()
+    assert "specctl = specctl_vllm.controller.cli:main" in text
+    assert "specctl-vllm = specctl_vllm.controller.cli:main" in text
+    plugins = text.split("[vllm.general_plugins]", 1)[1].split("[", 1)[0]
+    assert plugins.split() == ["specctl", "=", "specctl_vllm.engine_patch.plugin:register"]
