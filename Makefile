@@ -46,7 +46,7 @@ check: venv
 	# every vLLM name/signature the engine patch touches, in each supported release's sources (PyPI, cached)
 	$(PY) scripts/vllm_contract.py
 	$(PY) -m dashboards.generate --check
-	$(PY) -m controller.openapi --check
+	$(PY) -m specctl_vllm.controller.openapi --check
 	promtool test rules deploy/prometheus/tests/*.yml
 
 clean:

@@ -63,9 +63,9 @@ from tqdm import tqdm
 from bench.cpu import engines, measure, oracle, report, stats, traces
 from bench.cpu.driver import Phase, run_phase, touch
 from bench.cpu.workload import bench_workload, chunk_size, key
-from controller import replay_cli
-from controller.core import replay as replay_core
-from controller.core import token_traces
+from specctl_vllm.controller import replay_cli
+from specctl_vllm.controller.core import replay as replay_core
+from specctl_vllm.controller.core import token_traces
 from tests.support import controller_api
 from tests.support.specctl_serve import ADMIN_TOKEN
 from tests.support.workload import CATEGORIES
@@ -399,7 +399,7 @@ class Bench:
         static_recs = [r for n, ph in self.records.items() if oracle.static_k(n) or n == "batch_table"
                        for p in ph.values() for r in p.records]
         if ref and static_recs:
-            from controller.proposers import propose_suffix
+            from specctl_vllm.controller.proposers import propose_suffix
 
             trs = traces.request_traces(ref[max(ref)].records)
             doc = traces.sim_trace(static_recs, trs, propose_suffix, engines.K_MAX,

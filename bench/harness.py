@@ -5,7 +5,7 @@ A leaf module: the standard library and httpx only, no import from the project, 
 
 * :func:`free_port`: a free TCP port on a loopback address.
 * :func:`wait_http`: poll a URL until it answers 200, failing early when the server's process has exited.
-* :func:`controller_command` / :func:`start_controller`: ``python -m controller serve`` as a child process.
+* :func:`controller_command` / :func:`start_controller`: ``python -m specctl_vllm.controller serve`` as a child process.
 * :func:`proc_cpu_seconds`, :func:`proc_status_kb`, :class:`RssSampler`: a process's CPU time and memory.
 """
 
@@ -57,8 +57,8 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, *, timeout_s: floa
 
 
 def controller_command(port: int, *args: str, host: str = "127.0.0.1") -> list[str]:
-    """``specctl serve`` as this interpreter runs it (``python -m controller serve``)."""
-    return [sys.executable, "-m", "controller", "serve", "--host", host, "--port", str(port), *args]
+    """``specctl serve`` as this interpreter runs it (``python -m specctl_vllm.controller serve``)."""
+    return [sys.executable, "-m", "specctl_vllm.controller", "serve", "--host", host, "--port", str(port), *args]
 
 
 def start_controller(port: int, *args: str, env: Mapping[str, str] | None = None,

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from bench.harness import free_port, proc_cpu_seconds, start_controller, wait_http
-from controller.core.brain import Brain
-from controller.core.config import BrainConfig
-from controller.protocol import SpecConfig, TelemetryBatch
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.protocol import SpecConfig, TelemetryBatch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ingest.json"
 TARGET_REQUEST_STEPS_PER_CORE = 200_000

@@ -6,7 +6,7 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with ``SpecctlScheduler`` and an active per-category policy
   (adaptive k for most categories, the patch's suffix drafter for one, the default counterfactual budget).
   N requests with ``ignore_eos`` keep the batch at N; the hook times its own sections with
-  ``perf_counter_ns`` (:class:`engine_patch.hook.HookStats`); step time is ``schedule()`` start to
+  ``perf_counter_ns`` (:class:`specctl_vllm.engine_patch.hook.HookStats`); step time is ``schedule()`` start to
   ``update_from_output()`` end. Reported per step: the hook's total, its counterfactual scoring and its
   model-free drafting (the suffix method's own cost, like vLLM's n-gram drafter: not overhead), and
   ``overhead = (hook - drafting) / step`` against the 1 % target.
@@ -45,7 +45,7 @@ class SampledStats:
     a shared machine (a descheduled process inflates one step, not the median)."""
 
     def __new__(cls) -> Any:
-        from engine_patch.hook import HookStats
+        from specctl_vllm.engine_patch.hook import HookStats
 
         class _Sampled(HookStats):
             def __init__(self) -> None:
@@ -69,7 +69,7 @@ def median(values: list[float]) -> float:
 
 def bench_policy() -> Any:
     """Adaptive k for every category, the patch's suffix drafter for code edits, speculation off for prose."""
-    from controller import protocol as p
+    from specctl_vllm.controller import protocol as p
 
     adaptive = p.AdaptRule(k_min=0, k_max=4)
     return p.Policy(
@@ -86,9 +86,9 @@ def bench_policy() -> Any:
 
 def graph_policy() -> Any:
     """A graph-shaped engine's policy: E_c(K) per category and an H200-like cell table for the width rule."""
-    from controller import protocol as p
-    from controller.core.model.cells import BATCH_EDGES
-    from controller.core.model.widths import geometric_lengths
+    from specctl_vllm.controller import protocol as p
+    from specctl_vllm.controller.core.model.cells import BATCH_EDGES
+    from specctl_vllm.controller.core.model.widths import geometric_lengths
 
     base = bench_policy()
     widths = list(GRAPH_ENGINE_WIDTHS)
@@ -118,7 +118,7 @@ def engine_run(model_dir: Path, sizes: list[int], tokens: int) -> list[dict[str,
 
     llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
               max_num_seqs=max(sizes), speculative_config=dict(NGRAM), seed=0,
-              scheduler_cls="engine_patch.scheduler.SpecctlScheduler")
+              scheduler_cls="specctl_vllm.engine_patch.scheduler.SpecctlScheduler")
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     runtime = scheduler._specctl
     hook = runtime.hook
@@ -167,9 +167,9 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[d
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
-    from engine_patch.hook import SpecHook
-    from engine_patch.policy_table import EngineSpec, PolicyHolder
-    from engine_patch.telemetry import StepQueue
+    from specctl_vllm.engine_patch.hook import SpecHook
+    from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
+    from specctl_vllm.engine_patch.telemetry import StepQueue
     from tests.support.engine_sim import SimEngine, script_drafter
     from tests.support.workload import CATEGORIES
 

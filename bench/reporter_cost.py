@@ -3,7 +3,7 @@
 The reporter runs beside vLLM's engine loop, in the EngineCore process (bench/overhead.py measures the hook
 inside the loop and leaves the reporter off). It shares the process's GIL and, on a small machine, its
 cores: every post drains the step queue, serialises the batch, sends it over HTTP, validates the ack and
-installs the policy it carries. Here a real ``specctl serve`` answers a real :class:`engine_patch.reporter.
+installs the policy it carries. Here a real ``specctl serve`` answers a real :class:`specctl_vllm.engine_patch.reporter.
 Reporter`, fed the step rows a CPU engine produces (8 categories, drafts and counterfactual scores per
 step), and each post's CPU time is taken on the posting thread (``time.thread_time_ns``: only this thread's
 work, none of the controller's). The share of one core the thread takes at a report interval ``I`` with
@@ -27,11 +27,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from controller import protocol
-from engine_patch.policy_table import EngineSpec, PolicyHolder
-from engine_patch.reporter import Identity, Reporter
-from engine_patch.settings import EngineSettings
-from engine_patch.telemetry import StepQueue, StepRow, add_attempt, add_counterfactual, add_draft, new_entry
+from specctl_vllm.controller import protocol
+from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
+from specctl_vllm.engine_patch.reporter import Identity, Reporter
+from specctl_vllm.engine_patch.settings import EngineSettings
+from specctl_vllm.engine_patch.telemetry import (
+    StepQueue,
+    StepRow,
+    add_attempt,
+    add_counterfactual,
+    add_draft,
+    new_entry,
+)
 from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 from tests.support.workload import CATEGORIES
 

@@ -1,5 +1,5 @@
-"""``python -m controller`` is the same as the ``specctl`` command."""
+"""``python -m specctl_vllm.controller`` is the same as the ``specctl`` command."""
 
-from controller.cli import main
+from specctl_vllm.controller.cli import main
 
 main()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.protocol import AdaptRule
+from specctl_vllm.controller.protocol import AdaptRule
 
 RETRY_EVERY = 16
 

@@ -23,7 +23,7 @@ Configurations (``--config``, repeatable; each is measured on the same requests)
 Runs are interleaved and repeated: round r measures every configuration once, in an order rotated by r, so
 drift (thermal, other tenants, cache warm-up) spreads over all of them; the spread across rounds is reported.
 
-This module has no I/O: parsing, the schedule, percentiles and the summary. ``controller.bench_cli`` sends
+This module has no I/O: parsing, the schedule, percentiles and the summary. ``specctl_vllm.controller.bench_cli`` sends
 the requests and reads the metrics.
 """
 
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.protocol import CATEGORY_PATTERN, MAX_K
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K
 
 REQUEST_KEYS = {"messages", "prompt", "category", "max_tokens", "response_format", "tools", "tool_choice",
                 "temperature"}

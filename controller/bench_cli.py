@@ -1,6 +1,6 @@
 """``specctl bench`` command line: send the user's requests to each configuration, measure, report.
 
-See :mod:`controller.bench` for the request file and the configurations. Exit codes: 0 done; 2 bad input
+See :mod:`specctl_vllm.controller.bench` for the request file and the configurations. Exit codes: 0 done; 2 bad input
 (request file, options); 3 an endpoint or the controller could not be reached, or every request of a run
 failed.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller.bench import (
+from specctl_vllm.controller.bench import (
     SPECCTL_COUNTERS,
     VLLM_COUNTERS,
     BenchError,
@@ -273,7 +273,7 @@ def plot(agg: dict, folder: Path) -> list[Path]:
 
 
 def _plot_svg(agg: dict, folder: Path, configs: list[str], cats: list[str]) -> list[Path]:
-    from controller.report import bar_chart
+    from specctl_vllm.controller.report import bar_chart
 
     paths = []
     for c in cats:

@@ -33,7 +33,7 @@ DEFAULT_URL = "http://127.0.0.1:8081"
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 #: The server's own rules for what goes into a URL path (checked before anything is sent); kept equal to
-#: controller.protocol.CATEGORY_PATTERN (tests/unit/service/test_cli.py checks), without importing pydantic.
+#: specctl_vllm.controller.protocol.CATEGORY_PATTERN (tests/unit/service/test_cli.py checks), without importing pydantic.
 CATEGORY_RULE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 MAX_TTL_S = 30 * 24 * 3600.0
 
@@ -156,10 +156,10 @@ def serve(
                                                      "rotated and size-capped (env SPECCTL_RECORD_DIR, default off)")] = None,
 ) -> None:
     """Run the controller (HTTP API, metrics, SQLite store) until interrupted."""
-    from controller.service.server import check_store
-    from controller.service.server import serve as run_server
-    from controller.service.settings import SettingsError, load_settings
-    from controller.service.store import StoreError
+    from specctl_vllm.controller.service.server import check_store
+    from specctl_vllm.controller.service.server import serve as run_server
+    from specctl_vllm.controller.service.settings import SettingsError, load_settings
+    from specctl_vllm.controller.service.store import StoreError
 
     try:
         settings = load_settings(
@@ -317,7 +317,7 @@ def replay(ctx: typer.Context) -> None:
     # The command lives in controller/replay_cli.py as ``main(argv: list[str]) -> int``; every argument,
     # --help included, is handed to it unchanged.
     try:
-        from controller import replay_cli as replay_module
+        from specctl_vllm.controller import replay_cli as replay_module
     except ImportError:
         _fail("replay is not available in this installation", EXIT_USAGE)
     raise typer.Exit(replay_module.main(list(ctx.args)))
@@ -329,7 +329,7 @@ def replay(ctx: typer.Context) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def bench(ctx: typer.Context) -> None:
     """Measure your own requests on your endpoint(s), per configuration (see `specctl bench --help`)."""
-    from controller import bench_cli
+    from specctl_vllm.controller import bench_cli
 
     raise typer.Exit(bench_cli.main(list(ctx.args)))
 
@@ -340,11 +340,11 @@ def bench(ctx: typer.Context) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def report(ctx: typer.Context) -> None:
     """One self-contained HTML report from a live controller or a recording (see `specctl report --help`)."""
-    from controller import report_cli
+    from specctl_vllm.controller import report_cli
 
     raise typer.Exit(report_cli.main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``specctl = controller.cli:main``)."""
+    """Console-script entry point (``specctl = specctl_vllm.controller.cli:main``)."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="specctl")

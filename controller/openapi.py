@@ -1,7 +1,7 @@
 """Export the controller's OpenAPI document to ``controller/openapi.json`` (committed), or check it.
 
-    python -m controller.openapi            # write it
-    python -m controller.openapi --check    # exit 1 if the committed file differs from the code
+    python -m specctl_vllm.controller.openapi            # write it
+    python -m specctl_vllm.controller.openapi --check    # exit 1 if the committed file differs from the code
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ DEFAULT_PATH = Path(__file__).with_name("openapi.json")
 
 
 def build() -> dict[str, Any]:
-    from controller.service.app import create_app
-    from controller.service.settings import AuthSettings, ServerSettings, ServiceSettings, StoreSettings
+    from specctl_vllm.controller.service.app import create_app
+    from specctl_vllm.controller.service.settings import AuthSettings, ServerSettings, ServiceSettings, StoreSettings
 
     # Settings are passed explicitly (no environment): the document must not depend on the machine.
     settings = ServiceSettings(
@@ -33,7 +33,7 @@ def render(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controller.openapi", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specctl_vllm.controller.openapi", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed document is stale")
     parser.add_argument("--out", type=Path, default=DEFAULT_PATH, help="path of the document")
     args = parser.parse_args(argv)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
         if current != text:
-            print(f"{args.out} is stale: run `python -m controller.openapi`", file=sys.stderr)
+            print(f"{args.out} is stale: run `python -m specctl_vllm.controller.openapi`", file=sys.stderr)
             return 1
         print(f"{args.out} is up to date")
         return 0

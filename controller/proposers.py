@@ -1,5 +1,5 @@
 """Model-free drafters, pure functions of a request's own tokens (prompt + output so far): ``(tokens, k)`` -> up
-to k proposed tokens; no model, no device, no I/O. The engine patch drafts with them (``engine_patch.proposers``
+to k proposed tokens; no model, no device, no I/O. The engine patch drafts with them (``specctl_vllm.engine_patch.proposers``
 keeps the per-request token buffer) and ``specctl replay`` re-runs them on recorded token traces, so both sides
 import them from here. Verification stays vLLM's, so a bad proposal costs verify work, never correctness.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.protocol import METHOD_NGRAM, METHOD_SUFFIX
+from specctl_vllm.controller.protocol import METHOD_NGRAM, METHOD_SUFFIX
 
 NGRAM_MIN_N = 2
 NGRAM_MAX_N = 4

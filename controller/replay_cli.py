@@ -1,7 +1,7 @@
 """``specctl replay`` command line: read recordings, pick the drafters that score traces, print the report.
 
-The what-if model and the report are pure functions in :mod:`controller.core.replay`; this module is the edge
-that touches files, takes the model-free drafters the engine patch runs (:mod:`controller.proposers`, shared by
+The what-if model and the report are pure functions in :mod:`specctl_vllm.controller.core.replay`; this module is the edge
+that touches files, takes the model-free drafters the engine patch runs (:mod:`specctl_vllm.controller.proposers`, shared by
 both) and vLLM's n-gram when installed, and writes output.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.core import token_traces
-from controller.core.cost import PRESETS
-from controller.core.replay import (
+from specctl_vllm.controller.core import token_traces
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.replay import (
     DEFAULT_KS,
     DEFAULT_POLICIES,
     ReplayError,
@@ -28,9 +28,9 @@ from controller.core.replay import (
     replay,
     select_model,
 )
-from controller.proposers import PROPOSERS
-from controller.protocol import TelemetryBatch
-from controller.recording import RecordingError, read_recording
+from specctl_vllm.controller.proposers import PROPOSERS
+from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.controller.recording import RecordingError, read_recording
 
 
 def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"

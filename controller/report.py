@@ -1,6 +1,6 @@
 """``specctl report``: one self-contained HTML page about the controller's categories (pure functions).
 
-Input is plain data (:func:`from_recording` builds it from telemetry batches; ``controller.report_cli`` builds
+Input is plain data (:func:`from_recording` builds it from telemetry batches; ``specctl_vllm.controller.report_cli`` builds
 it from a live controller's API): the category views of ``GET /v1/categories``, the overrides in force, and a
 timeline of (k, method) per category. Output (:func:`render_html`): one HTML file with inline SVG charts, no
 script, no external file, no network:
@@ -22,10 +22,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from controller.core.brain import Brain, IngestRejected
-from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.drafters import resolve
-from controller.protocol import METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.core.brain import Brain, IngestRejected
+from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.drafters import resolve
+from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
 
 #: Half-lives as long as allowed: a recording is weighted evenly (as in ``specctl replay``).
 REPORT_LEARNER = LearnerSettings(half_life_s=86_400, mix_half_life_s=3_600, cost_half_life_s=86_400)

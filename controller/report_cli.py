@@ -1,6 +1,6 @@
 """``specctl report`` command line: gather the data (a live controller or a recording), write one HTML file.
 
-The page and the data it shows are built by pure functions in :mod:`controller.report`; this module reads files,
+The page and the data it shows are built by pure functions in :mod:`specctl_vllm.controller.report`; this module reads files,
 calls the controller's API and writes the output. Exit codes: 0 written, 2 bad input (usage, unreadable
 recording), 3 the controller could not be reached or answered with an error.
 """
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller.core.cost import PRESETS
-from controller.core.replay import ReplayError
-from controller.recording import RecordingError
-from controller.report import ReportError, from_live, from_recording, render_html
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.replay import ReplayError
+from specctl_vllm.controller.recording import RecordingError
+from specctl_vllm.controller.report import ReportError, from_live, from_recording, render_html
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.tim
             data = from_live(categories, overrides, samples, source=args.url, model=args.model,
                              generated_at=clock())
         else:
-            from controller.replay_cli import load_batches
+            from specctl_vllm.controller.replay_cli import load_batches
 
             batches = load_batches(args.recording)
             data = from_recording(batches, model=args.model, preset=args.preset, generated_at=clock(),

@@ -42,8 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine_patch import versions
-from engine_patch.settings import load_graph_settings
+from specctl_vllm.engine_patch import versions
+from specctl_vllm.engine_patch.settings import load_graph_settings
 
 logger = logging.getLogger("vllm.specctl.backports")
 
@@ -55,7 +55,7 @@ NAMES = ("drafter_graphs", "graph_widths", "full_graph_dispatch", "honour_width"
 CHECKED = ("0.26.0",)
 #: Default width set: plain decoding, the short widths where speculation still pays at large batches, and k_max.
 DEFAULT_WIDTHS = (0, 1, 2, 4)
-SPECCTL_SCHEDULER_PREFIX = "engine_patch.scheduler"
+SPECCTL_SCHEDULER_PREFIX = "specctl_vllm.engine_patch.scheduler"
 #: Drafters of model runner V2's autoregressive speculator, the one ``honour_width`` and the width set cover.
 AUTOREGRESSIVE_METHODS = ("eagle", "eagle3", "mtp")
 

@@ -4,9 +4,9 @@ Resolution order (first match wins):
 
 1. **explicit**: ``vllm_xargs: {"specctl_category": "<name>"}`` in the OpenAI request body (vLLM copies
    ``vllm_xargs`` into ``SamplingParams.extra_args``). A name that does not match
-   ``controller.protocol.CATEGORY_PATTERN`` (lower-case, ``[a-z0-9][a-z0-9_.-]{0,63}``) resolves to
+   ``specctl_vllm.controller.protocol.CATEGORY_PATTERN`` (lower-case, ``[a-z0-9][a-z0-9_.-]{0,63}``) resolves to
    ``default``: a bad name is never an error and never creates a series.
-2. **tools** (API process, :mod:`engine_patch.middleware`): a request that offers ``tools`` with a
+2. **tools** (API process, :mod:`specctl_vllm.engine_patch.middleware`): a request that offers ``tools`` with a
    ``tool_choice`` other than ``"none"`` is ``tool_call``. Only the API process sees tools, so the middleware
    writes the derived name into ``vllm_xargs.specctl_category``; the engine then sees it as explicit.
 3. **structured output**: ``response_format`` of type ``json_schema``/``json_object``/``structural_tag``,
@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from controller import protocol
+from specctl_vllm.controller import protocol
 
 #: Key in ``vllm_xargs`` / ``SamplingParams.extra_args``.
 CATEGORY_KEY = "specctl_category"

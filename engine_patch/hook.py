@@ -6,10 +6,10 @@ Per step, three sections, each O(1) per request, no I/O, no locks:
     read the policy table once (expired → the engine's static config); for each running request resolve its
     rule (cached on the request; re-resolved only when the table changed), then
     * model-free method different from the engine's drafter (synchronous scheduling only): replace the
-      request's drafts by the patch's proposal (:mod:`engine_patch.proposers`); verification stays exact;
+      request's drafts by the patch's proposal (:mod:`specctl_vllm.engine_patch.proposers`); verification stays exact;
     * cap the drafts to the request's k: ``spec_token_ids = spec_token_ids[:k]`` -- always a *new* list,
       because the async scheduler shares one placeholder list between requests;
-    * note the largest k this request can need next step (:func:`~engine_patch.policy_table.next_k_bound`);
+    * note the largest k this request can need next step (:func:`~specctl_vllm.engine_patch.policy_table.next_k_bound`);
     then score model-free drafters counterfactually on a few requests, within a token bucket: each step adds
     ``overhead_budget`` x step time minus what the rest of the hook cost in that step, so the patch's total
     per-step work (model-free drafting aside) stays within the budget on average, and the scoring only gets
@@ -25,11 +25,11 @@ static config.
 per scheduled request, drafted = scheduled drafts − grammar-invalid drafts and accepted = sampled tokens −
 1 (vLLM's own arithmetic, so the sums reconcile with ``vllm:spec_decode_num_*_tokens_total``); aggregate per
 (category, method) into accepted-count histograms; advance the request's k with
-:func:`controller.adapt.next_k`; push one :class:`~engine_patch.telemetry.StepRow`.
+:func:`specctl_vllm.controller.adapt.next_k`; push one :class:`~specctl_vllm.engine_patch.telemetry.StepRow`.
 
 Placeholder padding (vLLM pads a request admitted with exactly one new token to ``1 + num_spec_tokens``
 with placeholder drafts, ignoring any cap) is disabled by the scheduler at start-up, see
-:mod:`engine_patch.scheduler`.
+:mod:`specctl_vllm.engine_patch.scheduler`.
 """
 
 from __future__ import annotations
@@ -42,14 +42,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import protocol
-from controller.adapt import RequestK, next_k
-from controller.proposers import common_prefix
-from engine_patch.categories import category_from_sampling_params
-from engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
-from engine_patch.proposers import PROPOSERS, TokenHistory
-from engine_patch.telemetry import Aggregate, StepQueue, StepRow, add_attempt, add_counterfactual, new_entry
-from engine_patch.widths import WidthChooser
+from specctl_vllm.controller import protocol
+from specctl_vllm.controller.adapt import RequestK, next_k
+from specctl_vllm.controller.proposers import common_prefix
+from specctl_vllm.engine_patch.categories import category_from_sampling_params
+from specctl_vllm.engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
+from specctl_vllm.engine_patch.proposers import PROPOSERS, TokenHistory
+from specctl_vllm.engine_patch.telemetry import (
+    Aggregate,
+    StepQueue,
+    StepRow,
+    add_attempt,
+    add_counterfactual,
+    new_entry,
+)
+from specctl_vllm.engine_patch.widths import WidthChooser
 
 logger = logging.getLogger("vllm.specctl.engine")
 #: Seconds of engine clock between two overhead log lines (the GPU benchmark reads them from the engine log).

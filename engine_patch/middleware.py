@@ -1,10 +1,10 @@
 """ASGI middleware for vLLM's API server: writes the request's category into ``vllm_xargs``.
 
-Use: ``--middleware engine_patch.middleware.CategoryMiddleware``. Only the API process sees ``tools`` and
+Use: ``--middleware specctl_vllm.engine_patch.middleware.CategoryMiddleware``. Only the API process sees ``tools`` and
 ``response_format``; the engine sees ``SamplingParams``. For ``POST`` bodies of the OpenAI generation routes
 (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``) without an explicit
 ``vllm_xargs.specctl_category`` the middleware adds the category derived by
-:func:`engine_patch.categories.category_from_body` (resolution order documented there).
+:func:`specctl_vllm.engine_patch.categories.category_from_body` (resolution order documented there).
 
 It never fails a request: a body that is not a JSON object, too large, not JSON, or with a ``vllm_xargs``
 that is not an object passes through byte for byte (vLLM then answers it as it would without the middleware).
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from engine_patch.categories import CATEGORY_KEY, category_from_body
+from specctl_vllm.engine_patch.categories import CATEGORY_KEY, category_from_body
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.middleware")

@@ -1,12 +1,12 @@
-"""``vllm.general_plugins`` entry point (``specctl = "engine_patch.plugin:register"``).
+"""``vllm.general_plugins`` entry point (``specctl = "specctl_vllm.engine_patch.plugin:register"``).
 
 vLLM calls :func:`register` in every process it starts (API server, EngineCore, workers), possibly more than
 once. It checks the vLLM version and logs once per process, and applies the model-runner backports of
-:mod:`engine_patch.backports` where the installed vLLM is exactly a release they were checked against (their
+:mod:`specctl_vllm.engine_patch.backports` where the installed vLLM is exactly a release they were checked against (their
 sources are verified first; otherwise they stay off with one log line). It never raises, so installing the
-package can never break a vLLM process. The patch itself is switched on with ``--scheduler-cls engine_patch.scheduler.SpecctlScheduler``
+package can never break a vLLM process. The patch itself is switched on with ``--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler``
 (and, for categories derived from tools/response_format, ``--middleware
-engine_patch.middleware.CategoryMiddleware``).
+specctl_vllm.engine_patch.middleware.CategoryMiddleware``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from engine_patch import backports, versions
+from specctl_vllm.engine_patch import backports, versions
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.plugin")

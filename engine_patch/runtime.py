@@ -1,7 +1,7 @@
 """The patch's runtime inside one EngineCore, and the scheduler mixin that drives it (no vLLM import here).
 
 :class:`SpecctlMixin` overrides four scheduler methods and calls the parent in each; the work sits in
-:class:`engine_patch.hook.SpecHook`. Every hook call is guarded: an exception is logged once per hook,
+:class:`specctl_vllm.engine_patch.hook.SpecHook`. Every hook call is guarded: an exception is logged once per hook,
 counted, and that step runs exactly as vLLM would; after ``SPECCTL_ERROR_LIMIT`` failures the patch turns
 itself off for the engine's lifetime. Nothing in the patch can raise into vLLM's loop.
 
@@ -18,13 +18,13 @@ import logging
 import uuid
 from typing import Any
 
-from controller import protocol
-from engine_patch import backports
-from engine_patch.hook import SpecHook
-from engine_patch.policy_table import EngineSpec, PolicyHolder
-from engine_patch.reporter import Identity, Reporter
-from engine_patch.settings import EngineSettings, default_engine_id, load_settings
-from engine_patch.telemetry import StepQueue
+from specctl_vllm.controller import protocol
+from specctl_vllm.engine_patch import backports
+from specctl_vllm.engine_patch.hook import SpecHook
+from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
+from specctl_vllm.engine_patch.reporter import Identity, Reporter
+from specctl_vllm.engine_patch.settings import EngineSettings, default_engine_id, load_settings
+from specctl_vllm.engine_patch.telemetry import StepQueue
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.engine")

@@ -1,12 +1,12 @@
 """vLLM scheduler classes for ``--scheduler-cls``: per-request k, per-category method, per-step telemetry.
 
-Use ``--scheduler-cls engine_patch.scheduler.SpecctlScheduler``. It becomes :class:`SpecctlAsyncScheduler`
+Use ``--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler``. It becomes :class:`SpecctlAsyncScheduler`
 by itself when vLLM runs with async scheduling (the GPU default), so one flag fits every engine; both share
-:class:`SpecctlMixin`. Supported vLLM: see :mod:`engine_patch.versions` (outside the range the import fails
+:class:`SpecctlMixin`. Supported vLLM: see :mod:`specctl_vllm.engine_patch.versions` (outside the range the import fails
 with a clear message, unless ``SPECCTL_ALLOW_UNSUPPORTED_VLLM=1``).
 
-What the classes do each step is in :mod:`engine_patch.runtime` (the guarded mixin) and
-:mod:`engine_patch.hook` (the per-step work); this module only binds them to vLLM's classes.
+What the classes do each step is in :mod:`specctl_vllm.engine_patch.runtime` (the guarded mixin) and
+:mod:`specctl_vllm.engine_patch.hook` (the per-step work); this module only binds them to vLLM's classes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine_patch import versions
+from specctl_vllm.engine_patch import versions
 
 _problem = versions.support_problem(versions.installed_version())
 if _problem and not versions.unsupported_allowed():
@@ -25,7 +25,7 @@ if _problem and not versions.unsupported_allowed():
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from engine_patch.runtime import SpecctlMixin
+from specctl_vllm.engine_patch.runtime import SpecctlMixin
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.engine")

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controller import protocol
+from specctl_vllm.controller import protocol
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.settings")
@@ -160,7 +160,7 @@ def _from_env(env: dict[str, str]) -> EngineSettings:
 
 
 class GraphSettings(BaseSettings):
-    """Graph-shaped speculation on model runner V2 (:mod:`engine_patch.backports`): read in every vLLM process."""
+    """Graph-shaped speculation on model runner V2 (:mod:`specctl_vllm.engine_patch.backports`): read in every vLLM process."""
 
     model_config = SettingsConfigDict(env_prefix="SPECCTL_", extra="ignore", frozen=True)
 

@@ -1,7 +1,7 @@
 """Per-step width choice of a graph-shaped engine (no I/O; O(categories x widths) per step).
 
 Each step the engine verifies one width K from its width set for every request, so every step replays a
-captured full graph. The choice is :func:`controller.core.model.widths.choose_width` (the one width rule of the
+captured full graph. The choice is :func:`specctl_vllm.controller.core.model.widths.choose_width` (the one width rule of the
 project) on:
 
 * the step's requests per category (the batch the scheduler just formed: next step's batch, but for the
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.core.model.widths import choose_width, geometric_lengths
-from engine_patch.policy_table import PolicyTable
+from specctl_vllm.controller.core.model.widths import choose_width, geometric_lengths
+from specctl_vllm.engine_patch.policy_table import PolicyTable
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
 FAST_DECAY = 0.98

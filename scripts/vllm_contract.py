@@ -7,7 +7,7 @@ no torch), the list :data:`CHECKS`: each item says what ``engine_patch/`` relies
 
 Sources, any mix of::
 
-    python scripts/vllm_contract.py                       # every supported release (engine_patch.versions),
+    python scripts/vllm_contract.py                       # every supported release (specctl_vllm.engine_patch.versions),
                                                           # + the installed vLLM when there is one
     python scripts/vllm_contract.py --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
     python scripts/vllm_contract.py --installed           # only the vLLM installed in this Python
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine_patch import versions  # no vLLM import: versions reads package metadata only
+from specctl_vllm.engine_patch import versions  # no vLLM import: versions reads package metadata only
 
 SIMPLE_INDEX = "https://pypi.org/simple/vllm/"
 CACHE = ROOT / ".cache" / "vllm-sources"
@@ -226,12 +226,12 @@ def from_release(version: str, cache: Path = CACHE, platform_tag: str = "manylin
 
 
 #: The releases ``make check`` reads: every PyPI release of vLLM in the supported range (as of 2026-12-01).
-#: A test keeps it covering every minor version ``engine_patch.versions`` accepts; add new releases here.
+#: A test keeps it covering every minor version ``specctl_vllm.engine_patch.versions`` accepts; add new releases here.
 RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
 
 def supported_releases() -> list[str]:
-    """:data:`RELEASES` that ``engine_patch.versions`` accepts."""
+    """:data:`RELEASES` that ``specctl_vllm.engine_patch.versions`` accepts."""
     return [r for r in RELEASES if versions.is_supported(r)]
 
 
@@ -470,7 +470,7 @@ CHECKS: tuple[Check, ...] = (
           has_class(ASYNC, "AsyncScheduler", base="Scheduler")),
     Check("Scheduler.__init__(self, vllm_config, ...)", "SpecctlScheduler.__new__ reads vllm_config (arg 0 / kwarg)",
           has_method(SCHED, S, "__init__", ("self", "vllm_config"))),
-    Check("SchedulerConfig.scheduler_cls", "--scheduler-cls engine_patch.scheduler.SpecctlScheduler",
+    Check("SchedulerConfig.scheduler_cls", "--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler",
           has_member(CONF_SCHED, "SchedulerConfig", "scheduler_cls")),
     Check("SchedulerConfig.get_scheduler_cls()", "vLLM resolves --scheduler-cls in EngineCore",
           has_method(CONF_SCHED, "SchedulerConfig", "get_scheduler_cls", accepts_any=True)),
@@ -572,7 +572,7 @@ CHECKS: tuple[Check, ...] = (
           since=(0, 27), fallback="see Request.num_stale_output_tokens"),
     Check("EngineCore builds the scheduler with vllm_config=...", "SpecctlScheduler.__new__ reads kwargs['vllm_config']",
           text_in(CORE, r"Scheduler\(\s*vllm_config=vllm_config", "Scheduler(vllm_config=...) call")),
-    Check("EngineCore loads general plugins", "engine_patch.plugin:register runs in EngineCore",
+    Check("EngineCore loads general plugins", "specctl_vllm.engine_patch.plugin:register runs in EngineCore",
           text_in(CORE, r"load_general_plugins\(\)", "load_general_plugins() call")),
     Check("DeviceConfig.device_type", "runtime.full_cuda_graphs", has_member(CONF_DEVICE, "DeviceConfig", "device_type")),
     Check("SamplingParams.extra_args", "categories: vllm_xargs.specctl_category",
@@ -581,9 +581,9 @@ CHECKS: tuple[Check, ...] = (
           has_member(SAMPLING, "SamplingParams", "structured_outputs")),
     Check("ChatCompletionRequest.vllm_xargs -> extra_args", "middleware writes vllm_xargs.specctl_category",
           text_in(CHAT_PROTOCOL, r"^\s+vllm_xargs\s*:", "vllm_xargs field")),
-    Check("--middleware option", "engine_patch.middleware.CategoryMiddleware",
+    Check("--middleware option", "specctl_vllm.engine_patch.middleware.CategoryMiddleware",
           text_in(CLI_ARGS, r"^\s+middleware\s*:", "middleware field")),
-    Check("vllm.general_plugins entry-point group", "engine_patch.plugin:register",
+    Check("vllm.general_plugins entry-point group", "specctl_vllm.engine_patch.plugin:register",
           text_in(PLUGINS, r"[\"']vllm\.general_plugins[\"']", "vllm.general_plugins group")),
     # Config attributes runtime.py reads.
     *(Check(f"VllmConfig.{name}", "runtime.engine_spec / build_runtime", has_member(CONF_VLLM, "VllmConfig", name))

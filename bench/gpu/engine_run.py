@@ -29,8 +29,8 @@ from bench.gpu.shapes import (
     write_models,
 )
 
-SPECCTL_SCHEDULER = "engine_patch.scheduler.SpecctlScheduler"
-SPECCTL_ASYNC_SCHEDULER = "engine_patch.scheduler.SpecctlAsyncScheduler"
+SPECCTL_SCHEDULER = "specctl_vllm.engine_patch.scheduler.SpecctlScheduler"
+SPECCTL_ASYNC_SCHEDULER = "specctl_vllm.engine_patch.scheduler.SpecctlAsyncScheduler"
 
 
 def speculative_config(cfg: EngineConfig, draft_dir: Path, synthetic: bool) -> dict | None:

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.sim.fit_presets import _nnls
-from controller.core.config import LearnerSettings
-from controller.core.cost import H200, PRESETS, CostCoefficients, step_shape
-from controller.core.cost_fit import OnlineCostModel, features
-from controller.protocol import TelemetryBatch
+from specctl_vllm.controller.core.config import LearnerSettings
+from specctl_vllm.controller.core.cost import H200, PRESETS, CostCoefficients, step_shape
+from specctl_vllm.controller.core.cost_fit import OnlineCostModel, features
+from specctl_vllm.controller.protocol import TelemetryBatch
 
 
 def load_steps(path: Path) -> tuple[np.ndarray, np.ndarray]:

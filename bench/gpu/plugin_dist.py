@@ -17,7 +17,7 @@ DIST_VERSION = "0.0.0"
 GROUP = "vllm.general_plugins"
 #: entry-point name -> object reference
 ENTRY_POINTS = {
-    "specctl": "engine_patch.plugin:register",
+    "specctl": "specctl_vllm.engine_patch.plugin:register",
     "specctl_bench": "bench.gpu.accept_plugin:register",
 }
 

@@ -75,7 +75,7 @@ def build(engine: str, models: Path):
             "rejection_sample_method": "synthetic",
             "synthetic_acceptance_rates": [BETA_HIGH ** (i + 1) for i in range(K_MAX)],
         }
-        kwargs["scheduler_cls"] = "engine_patch.scheduler.SpecctlScheduler"
+        kwargs["scheduler_cls"] = "specctl_vllm.engine_patch.scheduler.SpecctlScheduler"
     return LLM(**kwargs)
 
 

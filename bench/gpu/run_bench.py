@@ -7,7 +7,7 @@ every ``--mirror`` folder) as soon as it is measured; a later call skips what is
 longer than one device call (10 minutes) is finished by the next one.
 
 specctl engines start with k_max=7 and the patch's scheduler, against a controller this script starts on the
-loopback (``python -m controller serve --insecure-dev``, SQLite in ``--state-dir``). Baseline engines run with
+loopback (``python -m specctl_vllm.controller serve --insecure-dev``, SQLite in ``--state-dir``). Baseline engines run with
 reporting off and vLLM's general plugins disabled, i.e. unpatched vLLM.
 
     python3 -m bench gpu.run_bench --results R.jsonl --budget-s 540 [--mirror $OUT] [--only base,k4-high]

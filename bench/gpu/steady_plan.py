@@ -68,7 +68,7 @@ STARTUP_GUESS_S = 170.0
 STARTUP_MARGIN_S = 15.0
 #: A timed round ends at the worker's next dispatch snapshot after round_s (at most ~0.5 s later).
 ROUND_SLACK_S = 1.0
-SPECCTL_SCHEDULER = "engine_patch.scheduler.SpecctlScheduler"
+SPECCTL_SCHEDULER = "specctl_vllm.engine_patch.scheduler.SpecctlScheduler"
 PLAIN = "plain"
 ORACLE = "oracle"
 PREMISE = "premise"

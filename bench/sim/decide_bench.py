@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from controller.core.config import PolicySettings
-from controller.core.cost import PRESETS
-from controller.core.policy import goodput
-from controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.policy import goodput
+from specctl_vllm.controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
 
 
 def snapshot(categories: int, batch: float, k_max: int, seed: int) -> PolicySnapshot:

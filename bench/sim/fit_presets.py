@@ -12,7 +12,7 @@ speculation; every request prefills 256 tokens):
 with T the step-cost model of controller/core/cost.py (verify + drafting terms, free drafting unused).
 For each knee on a 16-token grid the coefficients are a non-negative least-squares fit of the relative
 error (every row divided by its measured seconds); the knee with the lowest rms wins. Printed: the
-coefficients (as in controller.core.cost.H200), the rms relative error and the per-run residuals.
+coefficients (as in specctl_vllm.controller.core.cost.H200), the rms relative error and the per-run residuals.
 
     python -m bench sim.fit_presets                 # refit and compare with the preset in the code
     python -m bench sim.fit_presets --steps FILE    # fit T directly from recorded engine steps (JSON lines
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.core.cost import H200, CostCoefficients, step_shape
-from controller.protocol import TelemetryBatch
+from specctl_vllm.controller.core.cost import H200, CostCoefficients, step_shape
+from specctl_vllm.controller.protocol import TelemetryBatch
 
 DATA = Path(__file__).parent / "data" / "h200_vllm026_static_k.jsonl"
 PROMPT = 256

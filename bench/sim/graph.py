@@ -2,15 +2,15 @@
 
 What the GPU cannot run every session, replayed on its measurements: every decoding slot of a step verifies the
 step's width K (as on a graph-shaped engine), and a step costs its (batch bucket, K) cell of a
-:class:`~controller.core.model.cells.CellTable` filled from recorded telemetry (``--steps``: the specctl
+:class:`~specctl_vllm.controller.core.model.cells.CellTable` filled from recorded telemetry (``--steps``: the specctl
 engines' steps of ``bench/gpu/results/steady/``), plus the preset's per-token cost for the prompt tokens it
 carries. Cells no recorded step measured come from the same table's calibrated prior: the JSON says per cell
 how many steps measured it, and a result that rests on unmeasured cells is a statement about the prior, not
 about the GPU.
 
 Strategies: static widths (every step K, as a static-K engine) and ``specctl``: the controller (a fresh
-:class:`~controller.core.brain.Brain`, cold start) fed the simulated telemetry, and the engine patch's own
-:class:`~engine_patch.widths.WidthChooser` choosing each step's width from the policy it serves. Profiles
+:class:`~specctl_vllm.controller.core.brain.Brain`, cold start) fed the simulated telemetry, and the engine patch's own
+:class:`~specctl_vllm.engine_patch.widths.WidthChooser` choosing each step's width from the policy it serves. Profiles
 ``high`` / ``low`` / ``mixed`` match the GPU benchmark's (conditional acceptance 0.85 / 0.45 at every position).
 
     python -m bench sim.graph --steps bench/gpu/results/steady/*.jsonl.gz --out bench/results/sim_graph_h200.json
@@ -30,12 +30,12 @@ import numpy as np
 from bench.sim.engine import SimEngine, StepResult
 from bench.sim.profiles import FORMAT, Trace, parse
 from bench.sim.strategies import Specctl
-from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.core.cost import PRESETS, CostCoefficients
-from controller.core.model.cells import CellTable, CellView
-from engine_patch.policy_table import EngineSpec, PolicyHolder
-from engine_patch.telemetry import Aggregate, add_draft, new_entry
-from engine_patch.widths import WidthChooser
+from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
+from specctl_vllm.controller.core.model.cells import CellTable, CellView
+from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
+from specctl_vllm.engine_patch.telemetry import Aggregate, add_draft, new_entry
+from specctl_vllm.engine_patch.widths import WidthChooser
 
 WIDTHS = (0, 1, 2, 4, 7)
 BATCHES = (1, 4, 16, 64, 256)

@@ -1,6 +1,6 @@
 """Hindsight choices computed from the true workload and the true step cost.
 
-Candidates are ranked under the policy's own closed-loop batch model (:mod:`controller.core.model.batch`),
+Candidates are ranked under the policy's own closed-loop batch model (:mod:`specctl_vllm.controller.core.model.batch`),
 fed with what the policy can only estimate: the true per-category E_c,m(k) (over a category its steps-weighted
 mean is the harmonic mean E_c = 1 / mean_r(1 / E_r), estimated from sampled per-request profiles), the true
 demand (arrival share x output length: committed tokens per step), prompt tokens per committed token
@@ -17,9 +17,9 @@ import itertools
 import numpy as np
 
 from bench.sim.profiles import Trace
-from controller.core.cost import CostCoefficients
-from controller.core.model.batch import BatchModel, Options, Prefill
-from controller.core.model.search import search
+from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
+from specctl_vllm.controller.core.model.search import search
 
 
 def category_expectations(trace: Trace, samples: int = 4000, seed: int = 7) -> np.ndarray:

@@ -9,7 +9,7 @@ The service calls, with an injected ``now`` (unix seconds):
 
 Learned state is per (model, category, method), pooled over engines; bookkeeping (seq, gaps, policy age,
 batch mix) is per engine; a policy is tailored to the asking engine's k_max, drafter and batch. The stages
-are modules of :mod:`controller.core.stages` (ingest, snapshot, decide, wire, reads, evict, persist); this
+are modules of :mod:`specctl_vllm.controller.core.stages` (ingest, snapshot, decide, wire, reads, evict, persist); this
 class holds the state they read and write and decides when each runs: :meth:`ingest` (learning, bookkeeping),
 :meth:`policy_for` (the decision cache, the served policy and its version), eviction, overrides and load.
 Reads (:meth:`categories`, :meth:`category`, :meth:`engines`, :meth:`metrics`) change nothing but the
@@ -22,21 +22,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controller.core.budget import GLOBAL_SERIES
-from controller.core.config import BrainConfig
-from controller.core.cost import PRESETS
-from controller.core.engines import EngineBook
-from controller.core.estimator import z_for
-from controller.core.learner import ModelState
-from controller.core.overrides import Override, active_overrides
-from controller.core.policy.types import Decision
-from controller.core.stages import decide, evict, reads, wire
-from controller.core.stages.decide import Cached, Key, static_decision
-from controller.core.stages.evict import category_key
-from controller.core.stages.ingest import IngestRejected, IngestResult, admit, apply
-from controller.core.stages.persist import DUMP_FORMAT, DUMP_VERSION, restore
-from controller.core.views import CategoryView, EngineView, MetricsSnapshot
-from controller.protocol import Policy, SpecConfig, TelemetryBatch
+from specctl_vllm.controller.core.budget import GLOBAL_SERIES
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.estimator import z_for
+from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.overrides import Override, active_overrides
+from specctl_vllm.controller.core.policy.types import Decision
+from specctl_vllm.controller.core.stages import decide, evict, reads, wire
+from specctl_vllm.controller.core.stages.decide import Cached, Key, static_decision
+from specctl_vllm.controller.core.stages.evict import category_key
+from specctl_vllm.controller.core.stages.ingest import IngestRejected, IngestResult, admit, apply
+from specctl_vllm.controller.core.stages.persist import DUMP_FORMAT, DUMP_VERSION, restore
+from specctl_vllm.controller.core.views import CategoryView, EngineView, MetricsSnapshot
+from specctl_vllm.controller.protocol import Policy, SpecConfig, TelemetryBatch
 
 __all__ = ["DUMP_FORMAT", "DUMP_VERSION", "MAX_CACHED_POLICIES", "MAX_ENGINES", "MAX_MODELS", "Brain",
            "IngestRejected", "IngestResult", "category_key"]

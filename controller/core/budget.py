@@ -2,11 +2,11 @@
 
 The per-dimension caps (categories per model, methods per category, positions per method, models,
 engines) multiply: 64 models x 64 categories x 16 methods x 33 positions is millions of series. One
-global budget (:class:`~controller.core.config.BudgetSettings.max_series`) is enforced on their product
+global budget (:class:`~specctl_vllm.controller.core.config.BudgetSettings.max_series`) is enforced on their product
 instead: every engine, model, category and method is charged, when it is created, the most series it can
 ever export at the model's largest proposal length K, and nothing is created beyond the budget.
 
-Charges (upper bounds, from :mod:`controller.service.metrics`; ``tests/unit/core/test_budget.py`` checks
+Charges (upper bounds, from :mod:`specctl_vllm.controller.service.metrics`; ``tests/unit/core/test_budget.py`` checks
 that a scrape never exports more than the charged total):
 
 * engine: 3 batch outcomes + gaps + dropped steps + policy age + steps + step seconds + id conflicts, and a
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 
-from controller.protocol import MAX_METHODS
+from specctl_vllm.controller.protocol import MAX_METHODS
 
 ENGINE_SERIES = 10
 MODEL_SERIES = MAX_METHODS + 3

@@ -1,4 +1,4 @@
-"""The step-cost model learned online: coefficients of :class:`controller.core.cost.CostCoefficients` fitted to
+"""The step-cost model learned online: coefficients of :class:`specctl_vllm.controller.core.cost.CostCoefficients` fitted to
 an engine's step timings, per-depth cell factors and the mixed-k penalty.
 
 Learning: the coefficients are a ridge-regularised least-squares fit over step timings with exponential
@@ -35,9 +35,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from controller.core.cost import MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
-from controller.core.decay import Decayed
-from controller.protocol import MAX_K
+from specctl_vllm.controller.core.cost import MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
+from specctl_vllm.controller.core.decay import Decayed
+from specctl_vllm.controller.protocol import MAX_K
 
 N_FEATURES = 9
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from controller.core.mix import Mix
+from specctl_vllm.controller.core.mix import Mix
 
 WINDOW = 4096
 RETIRED_BOOTS = 8

@@ -13,15 +13,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import mul
 
-from controller.core.config import LearnerSettings
-from controller.core.cost import CostCoefficients, step_kind, step_shape
-from controller.core.cost_fit import OnlineCostModel
-from controller.core.engines import COUNTER_CAP
-from controller.core.estimator import AcceptanceEstimator
-from controller.core.mix import Mix
-from controller.core.model.cells import CellTable
-from controller.drafters import resolve
-from controller.protocol import MAX_K, MAX_METHODS, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
+from specctl_vllm.controller.core.config import LearnerSettings
+from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
+from specctl_vllm.controller.core.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.engines import COUNTER_CAP
+from specctl_vllm.controller.core.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.core.model.cells import CellTable
+from specctl_vllm.controller.drafters import resolve
+from specctl_vllm.controller.protocol import MAX_K, MAX_METHODS, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
 
 
 @dataclass

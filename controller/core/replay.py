@@ -4,23 +4,23 @@ A what-if tool for operators. Input: telemetry the engines posted (``TelemetryBa
 line, e.g. recorded by ``bench/cpu/record.py``) and, where available, request token traces (JSON lines
 ``{"category": ..., "prompt_token_ids": [...], "output_token_ids": [...]}``). Output, per request category:
 the proposal length and drafter each policy picks, and the goodput the recorded work would get with it
-(model in :mod:`controller.core.whatif`):
+(model in :mod:`specctl_vllm.controller.core.whatif`):
 
   * ``recorded``  -- what ran, priced with the same model (its gap to the measured goodput shows how far
                      to trust the other rows);
   * ``off``       -- no speculation;
   * ``k=N``       -- every category at the engine's drafter with N draft tokens (vLLM's static config);
-  * ``goodput``   -- specctl's policy: the real :class:`~controller.core.brain.Brain` fed with the
+  * ``goodput``   -- specctl's policy: the real :class:`~specctl_vllm.controller.core.brain.Brain` fed with the
                      recording, asked for its policy at the end (``--timeline`` also lists how its decision
                      moved along the recording);
-  * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`controller.core.ema_tiers`) stepped through
+  * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`specctl_vllm.controller.core.ema_tiers`) stepped through
                      the recorded steps; its time-weighted mix of k;
   * ``oracle``    -- the best static (drafter, k) per category in hindsight, under the same model.
 
     specctl replay telemetry.jsonl --requests requests.jsonl [--batch-size 32] [--preset h200] [--json out.json]
 
 Pure functions only (:func:`replay`, :func:`format_report`, parsing of lines already read); reading files,
-choosing the drafters that score traces and printing live in :mod:`controller.replay_cli`.
+choosing the drafters that score traces and printing live in :mod:`specctl_vllm.controller.replay_cli`.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import ValidationError
 
-from controller.core import ema_tiers, token_traces, whatif
-from controller.core.brain import Brain, IngestRejected
-from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.core.cost import PRESETS
-from controller.drafters import resolve
-from controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
+from specctl_vllm.controller.core import ema_tiers, token_traces, whatif
+from specctl_vllm.controller.core.brain import Brain, IngestRejected
+from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.drafters import resolve
+from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
 DEFAULT_POLICIES = ("recorded", "off", "static", "goodput", "ema_tiers", "oracle")
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)

@@ -13,23 +13,23 @@ fix two per-request-step figures:
 Then the request steps are ``R_c = C_c / E_c``, the engine steps ``S = sum_c R_c / B``, and one mean step
 schedules ``N = (P + sum_c R_c (1 + D_c)) / S`` tokens and ``F = sum_{c on a model-free drafter} R_c D_c / S``
 model-free draft tokens (:func:`step_load`). The goodput is the policy's own closed-loop batch model
-(:class:`controller.core.model.batch.BatchModel`): category c holds ``n_c = B R_c / sum R`` of the slots,
+(:class:`specctl_vllm.controller.core.model.batch.BatchModel`): category c holds ``n_c = B R_c / sum R`` of the slots,
 prefill rides along at ``P / sum C`` tokens per committed token, the model-drafting depth of a step is
 distributed as the policy assumes (``P(d <= x) = (share of requests at depth <= x) ** B``), and ``T`` is the
-step-cost model (:mod:`controller.core.cost`, fitted to the recorded step timings, pulled toward a preset):
+step-cost model (:mod:`specctl_vllm.controller.core.cost`, fitted to the recorded step timings, pulled toward a preset):
 
     goodput = sum_c C_c / (S * E[T(B, N, d, F)])          per category: E_c / E[T]  (tokens/s of one request)
 
 so a row of ``specctl replay`` is what the policy itself would have predicted for it; the hindsight oracle
-is the policy's search (:mod:`controller.core.model.search`) over the same model.
+is the policy's search (:mod:`specctl_vllm.controller.core.model.search`) over the same model.
 
 Where ``E`` and ``D`` come from:
-  * request token traces (:mod:`controller.core.token_traces`, exact for model-free drafters): the
+  * request token traces (:mod:`specctl_vllm.controller.core.token_traces`, exact for model-free drafters): the
     speculative loop is re-run on each request's real tokens -- propose with the drafter, accept the common
     prefix with what the target produced, commit accepted + 1 -- so steps and drafted tokens are counted,
     not modelled (prefix-consistent proposers: n-gram prompt lookup, suffix matching);
   * telemetry alone: ``E(k) = 1 + rho * sum_{i<=k} prod_{j<=i} beta_j`` and ``D(k) = rho * k`` with the
-    per-position conditional acceptance ``beta`` of :mod:`controller.core.estimator` (real and
+    per-position conditional acceptance ``beta`` of :mod:`specctl_vllm.controller.core.estimator` (real and
     counterfactual histograms pooled) and ``rho`` the share of request steps that had drafts when the
     drafter ran (1 for a drafter only scored counterfactually: optimistic).
 
@@ -46,14 +46,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.core.cost import CostCoefficients, step_kind, step_shape
-from controller.core.cost_fit import OnlineCostModel
-from controller.core.estimator import AcceptanceEstimator
-from controller.core.model.batch import BatchModel, Options, Prefill
-from controller.core.model.search import search
-from controller.core.token_traces import OFF, Profile
-from controller.drafters import is_model_free, resolve
-from controller.protocol import METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
+from specctl_vllm.controller.core.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
+from specctl_vllm.controller.core.model.search import search
+from specctl_vllm.controller.core.token_traces import OFF, Profile
+from specctl_vllm.controller.drafters import is_model_free, resolve
+from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def options(profiles: Mapping[tuple[str, int], Profile]) -> list[Profile]:
 def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], cost: CostCoefficients,
                 batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = ()) -> dict[str, Profile]:
     """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch, found
-    by the policy's own search (:mod:`controller.core.model.search`), also restarted from ``starts`` (e.g. every
+    by the policy's own search (:mod:`specctl_vllm.controller.core.model.search`), also restarted from ``starts`` (e.g. every
     uniform k)."""
     if not any(v > 0 for v in work.committed.values()):
         return {c: OFF for c in work.categories}

@@ -16,19 +16,28 @@ from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from controller.core.config import BrainConfig
-from controller.protocol import TelemetryBatch
-from controller.service import errors, openapi_bodies
-from controller.service.auth import AdminListener, Scope, TokenCheck
-from controller.service.clock import Clock, Sleep, SystemClock, real_sleep
-from controller.service.limits import BodyLimit
-from controller.service.recorder import Recorder
-from controller.service.render import Renderer
-from controller.service.routes import audit, categories, engines, health, metrics, overrides, policy, telemetry
-from controller.service.runtime import Runtime, restore_brain
-from controller.service.schemas import ForgetIn, OverrideIn
-from controller.service.settings import ServiceSettings
-from controller.service.store import Store
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.controller.service import errors, openapi_bodies
+from specctl_vllm.controller.service.auth import AdminListener, Scope, TokenCheck
+from specctl_vllm.controller.service.clock import Clock, Sleep, SystemClock, real_sleep
+from specctl_vllm.controller.service.limits import BodyLimit
+from specctl_vllm.controller.service.recorder import Recorder
+from specctl_vllm.controller.service.render import Renderer
+from specctl_vllm.controller.service.routes import (
+    audit,
+    categories,
+    engines,
+    health,
+    metrics,
+    overrides,
+    policy,
+    telemetry,
+)
+from specctl_vllm.controller.service.runtime import Runtime, restore_brain
+from specctl_vllm.controller.service.schemas import ForgetIn, OverrideIn
+from specctl_vllm.controller.service.settings import ServiceSettings
+from specctl_vllm.controller.service.store import Store
 
 log = logging.getLogger("controller.service")
 

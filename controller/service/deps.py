@@ -13,9 +13,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
-from controller.service.auth import AuthError, Scope, TokenCheck
-from controller.service.errors import BadInput, parse_json
-from controller.service.runtime import Runtime
+from specctl_vllm.controller.service.auth import AuthError, Scope, TokenCheck
+from specctl_vllm.controller.service.errors import BadInput, parse_json
+from specctl_vllm.controller.service.runtime import Runtime
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from controller.service.auth import AuthError
-from controller.service.store import describe_store_error
+from specctl_vllm.controller.service.auth import AuthError
+from specctl_vllm.controller.service.store import describe_store_error
 
 log = logging.getLogger("controller.service")
 

@@ -1,4 +1,4 @@
-"""OpenAPI for the bodies the service parses itself (see :mod:`controller.service.deps`)."""
+"""OpenAPI for the bodies the service parses itself (see :mod:`specctl_vllm.controller.service.deps`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from controller.service.schemas import ErrorBody
+from specctl_vllm.controller.service.schemas import ErrorBody
 
 REF = "#/components/schemas/{model}"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from anyio import to_thread
 
-from controller.service.metrics import ServiceStats, render
+from specctl_vllm.controller.service.metrics import ServiceStats, render
 
 log = logging.getLogger("controller.service")
 

@@ -1,6 +1,6 @@
 """The live controller: the Brain, its lock, the store and the overrides, wired together.
 
-Built once per app in the lifespan (see :mod:`controller.service.app`), never at import time.
+Built once per app in the lifespan (see :mod:`specctl_vllm.controller.service.app`), never at import time.
 
 Concurrency: the Brain is not thread-safe, so every call into it holds ``_brain_lock``. The event loop never
 waits on CPU work of the Brain: a batch's parse and merge and a decision refresh are CPU work of up to
@@ -30,13 +30,13 @@ from typing import Any, TypeVar
 
 from anyio import CapacityLimiter, to_thread
 
-from controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
-from controller.core.config import BrainConfig
-from controller.core.overrides import Override, active_overrides
-from controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
-from controller.service.clock import Clock
-from controller.service.errors import BadInput, parse_json
-from controller.service.store import AuditRecord, Store, describe_store_error
+from specctl_vllm.controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.overrides import Override, active_overrides
+from specctl_vllm.controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
+from specctl_vllm.controller.service.clock import Clock
+from specctl_vllm.controller.service.errors import BadInput, parse_json
+from specctl_vllm.controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
 
@@ -225,7 +225,7 @@ class Runtime:
         self.client_disconnects = 0
         self._acks = AckEncoder()  # used under the Brain lock only
         self._limiter: CapacityLimiter | None = None
-        #: the opt-in telemetry recorder (:mod:`controller.service.recorder`), set by the app's lifespan
+        #: the opt-in telemetry recorder (:mod:`specctl_vllm.controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
 

@@ -1,4 +1,4 @@
-"""HTTP bodies owned by the service (the telemetry and policy bodies live in :mod:`controller.protocol`)."""
+"""HTTP bodies owned by the service (the telemetry and policy bodies live in :mod:`specctl_vllm.controller.protocol`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.overrides import Override
-from controller.protocol import CATEGORY_PATTERN, ENGINE_ID_PATTERN, MAX_K, METHOD_OFF, METHOD_PATTERN
+from specctl_vllm.controller.core.overrides import Override
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN, ENGINE_ID_PATTERN, MAX_K, METHOD_OFF, METHOD_PATTERN
 
 ACTOR_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:\-]{0,127}$"
 #: Longest TTL: 30 days. Longer pins should be deliberate (no TTL) rather than accidental.

@@ -10,13 +10,13 @@ from typing import Any
 
 import uvicorn
 
-from controller.service import logs
-from controller.service.app import create_app
-from controller.service.auth import AdminListener
-from controller.service.clock import Clock, SystemClock
-from controller.service.connections import limited_protocol
-from controller.service.settings import ServiceSettings
-from controller.service.store import Store
+from specctl_vllm.controller.service import logs
+from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.controller.service.auth import AdminListener
+from specctl_vllm.controller.service.clock import Clock, SystemClock
+from specctl_vllm.controller.service.connections import limited_protocol
+from specctl_vllm.controller.service.settings import ServiceSettings
+from specctl_vllm.controller.service.store import Store
 
 log = logging.getLogger("controller.service")
 

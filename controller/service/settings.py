@@ -168,7 +168,7 @@ class StoreSettings(_Env):
 
 
 class RecordSettings(_Env):
-    """The telemetry recorder (off unless ``record_dir`` is set; :mod:`controller.service.recorder`).
+    """The telemetry recorder (off unless ``record_dir`` is set; :mod:`specctl_vllm.controller.service.recorder`).
 
     On disk the recordings take at most ``record_max_bytes`` plus the file being written."""
 

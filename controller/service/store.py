@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controller.core.overrides import Override
+from specctl_vllm.controller.core.overrides import Override
 
 SCHEMA_VERSION = 1
 

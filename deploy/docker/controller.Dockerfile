@@ -10,7 +10,7 @@ COPY engine_patch ./engine_patch
 COPY specctl_vllm ./specctl_vllm
 RUN set -eux; \
     python -m pip install --no-cache-dir /opt/specctl; \
-    python -c "import controller.cli"; \
+    python -c "import specctl_vllm.controller.cli"; \
     useradd --uid 10001 --create-home --shell /usr/sbin/nologin specctl; \
     mkdir -p /data; chown specctl /data
 

@@ -28,7 +28,7 @@ RUN set -eux; \
         uv pip install --system --no-cache -c /tmp/image-constraints.txt /opt/specctl; \
     fi; \
     rm /tmp/image-constraints.txt; \
-    python3 -c "import engine_patch.scheduler, engine_patch.middleware, engine_patch.plugin"; \
+    python3 -c "import specctl_vllm.engine_patch.scheduler, specctl_vllm.engine_patch.middleware, specctl_vllm.engine_patch.plugin"; \
     python3 -c "from importlib.metadata import entry_points as e; assert any(p.name == 'specctl' for p in e(group='vllm.general_plugins'))"
 
 # The scheduler runs inside vLLM's EngineCore process and reaches the controller from there.

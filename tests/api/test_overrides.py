@@ -58,7 +58,7 @@ def _cli(server, *args, token=ADMIN_TOKEN):
     env["SPECCTL_CONTROLLER_URL"] = server.url
     if token:
         env["SPECCTL_ADMIN_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "controller", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specctl_vllm.controller", *args], env=env, capture_output=True, text=True,
                           timeout=60, check=False)
 
 

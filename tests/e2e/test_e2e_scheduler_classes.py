@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-sched = pytest.importorskip("engine_patch.scheduler")
+sched = pytest.importorskip("specctl_vllm.engine_patch.scheduler")
 
 
 def config(async_scheduling: bool) -> SimpleNamespace:

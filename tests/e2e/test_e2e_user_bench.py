@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller import bench_cli
+from specctl_vllm.controller import bench_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.core.brain import Brain
-from controller.core.config import BrainConfig, BudgetSettings
-from controller.protocol import MAX_K, MAX_SEQ
-from controller.service.app import create_app
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
+from specctl_vllm.controller.protocol import MAX_K, MAX_SEQ
+from specctl_vllm.controller.service.app import create_app
 from tests.unit.service.conftest import ADMIN, INGEST, FakeClock, parked_sleep, settings_for
 
 EXAMPLES = int(os.environ.get("SPECCTL_FUZZ_EXAMPLES", "12"))

@@ -1,7 +1,7 @@
 """Bearer tokens: separate scopes, 401 vs 403, a constant-time comparison of digests, never leaked.
 
 The HTTP tests run against a real ``specctl serve`` process on loopback; the comparison-path test
-drives :class:`controller.service.auth.TokenCheck` directly, where the timing property lives.
+drives :class:`specctl_vllm.controller.service.auth.TokenCheck` directly, where the timing property lives.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from controller.service import auth
+from specctl_vllm.controller.service import auth
 from tests.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN, SpecctlServe, telemetry_batch
 
 OVERRIDE = {"k": 1, "reason": "security test", "actor": "tester"}

@@ -1,6 +1,6 @@
-"""A stand-in for vLLM's scheduler loop around :class:`engine_patch.hook.SpecHook`, without vLLM.
+"""A stand-in for vLLM's scheduler loop around :class:`specctl_vllm.engine_patch.hook.SpecHook`, without vLLM.
 
-It drives the hook exactly as :class:`engine_patch.runtime.SpecctlMixin` does (``before_schedule`` →
+It drives the hook exactly as :class:`specctl_vllm.engine_patch.runtime.SpecctlMixin` does (``before_schedule`` →
 schedule → ``after_schedule`` → execute → ``observe`` → update → ``finish``) on duck-typed requests, with a
 deterministic "target model" (each request has a fixed token script) and a "drafter" whose drafts are right
 up to a chosen position. Unit tests use it to check caps, depth, histograms and adaptation; the overhead

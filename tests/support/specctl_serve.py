@@ -1,6 +1,6 @@
 """A real ``specctl serve`` process for the reliability, security and durability tests.
 
-Started from the installed package (``python -m controller serve``) with its own environment, its
+Started from the installed package (``python -m specctl_vllm.controller serve``) with its own environment, its
 combined stdout/stderr in a file the tests read (to prove what was, and was not, logged), and the
 controls the tests need: ``kill(SIGKILL)`` for crash tests, ``restart()`` on the same port and the
 same SQLite file.

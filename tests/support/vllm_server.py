@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.harness import free_port, wait_http
 
 SERVED_MODEL = "smollm2"
-SCHEDULER_CLS = "engine_patch.scheduler.SpecctlScheduler"
-MIDDLEWARE = "engine_patch.middleware.CategoryMiddleware"
+SCHEDULER_CLS = "specctl_vllm.engine_patch.scheduler.SpecctlScheduler"
+MIDDLEWARE = "specctl_vllm.engine_patch.middleware.CategoryMiddleware"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.drafters import is_model_free, resolve, to_wire
-from controller.protocol import METHOD_ENGINE, METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX
+from specctl_vllm.controller.drafters import is_model_free, resolve, to_wire
+from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_NGRAM, METHOD_OFF, METHOD_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import replay_cli
+from specctl_vllm.controller import replay_cli
 from tests.unit.core.test_replay import _batches
 
 

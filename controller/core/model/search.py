@@ -1,4 +1,4 @@
-"""The one search over configurations of a :class:`~controller.core.model.batch.BatchModel`.
+"""The one search over configurations of a :class:`~specctl_vllm.controller.core.model.batch.BatchModel`.
 
 Batched coordinate ascent: every category's best option given the others is found in one vectorised
 evaluation (:meth:`BatchModel.all_options`); all improving moves are tried together and kept if that beats the
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from controller.core.model.batch import BatchModel
+from specctl_vllm.controller.core.model.batch import BatchModel
 
 MAX_ITERS = 200
 

@@ -8,9 +8,9 @@ safe fallback: it cannot be worse than the operator's own configuration.
 
 from __future__ import annotations
 
-from controller.core.config import PolicySettings
-from controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
-from controller.protocol import METHOD_OFF
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
+from specctl_vllm.controller.protocol import METHOD_OFF
 
 
 def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:

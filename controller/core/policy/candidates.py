@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.core.config import PolicySettings
-from controller.core.estimator import expected_committed
-from controller.core.model.batch import Options, Prefill
-from controller.core.policy.types import Choice, MethodProfile, PolicySnapshot
-from controller.drafters import is_model_free
-from controller.protocol import METHOD_OFF
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.model.batch import Options, Prefill
+from specctl_vllm.controller.core.policy.types import Choice, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.drafters import is_model_free
+from specctl_vllm.controller.protocol import METHOD_OFF
 
 
 def options(profiles: list[MethodProfile], k_max: int) -> Options:

@@ -29,8 +29,8 @@ token, and the expectation runs over the observed step-to-step spread of prefill
 knee). Plain decoding is every k_c = 0.
 
 Where it lives. The batch goodput G (slots, prefill, depth distribution, depth factors, mixed-k penalty, floor)
-is :class:`controller.core.model.batch.BatchModel`, and the search (batched coordinate ascent with depth-cap
-restarts, all off and the previous decision) is :func:`controller.core.model.search.search`: the same model and
+is :class:`specctl_vllm.controller.core.model.batch.BatchModel`, and the search (batched coordinate ascent with depth-cap
+restarts, all off and the previous decision) is :func:`specctl_vllm.controller.core.model.search.search`: the same model and
 search price ``specctl replay``'s rows and rank the simulator's oracle candidates. :func:`score` prices one
 configuration of a snapshot. The options per category (off and every k in 1..k_max for every drafter the engine
 can run with enough evidence) are :mod:`.candidates`; the guardrails below are :mod:`.guardrails`.
@@ -55,7 +55,7 @@ Guardrails, applied on top:
     batch goodput is within ``adapt_tolerance`` of the chosen k (relative to the category's goodput);
     no band (k only) where the mixed-k penalty exceeds 1 + ``adapt_tolerance``.
 
-Inputs: :class:`PolicySnapshot`; config: :class:`controller.core.config.PolicySettings`.
+Inputs: :class:`PolicySnapshot`; config: :class:`specctl_vllm.controller.core.config.PolicySettings`.
 Defaults: min_evidence 50 drafts, hysteresis 3 %, probe 5 % at k=1 within 1 % cost, band 3 %.
 Trade-offs: the mean mix (not its step-to-step spread) is optimised; a category's requests share one
 starting k and drafter (the engine's fast loop covers per-request spread); the knee is a preset constant.
@@ -68,13 +68,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from controller.core.config import PolicySettings
-from controller.core.estimator import expected_committed
-from controller.core.model.batch import BatchModel, Options
-from controller.core.model.search import search
-from controller.core.policy import candidates as cand
-from controller.core.policy import guardrails
-from controller.core.policy.types import (
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.model.batch import BatchModel, Options
+from specctl_vllm.controller.core.model.search import search
+from specctl_vllm.controller.core.policy import candidates as cand
+from specctl_vllm.controller.core.policy import guardrails
+from specctl_vllm.controller.core.policy.types import (
     CategoryDecision,
     CategoryInput,
     Choice,
@@ -82,8 +82,8 @@ from controller.core.policy.types import (
     KRow,
     PolicySnapshot,
 )
-from controller.drafters import is_model_free
-from controller.protocol import METHOD_OFF
+from specctl_vllm.controller.drafters import is_model_free
+from specctl_vllm.controller.protocol import METHOD_OFF
 
 #: Requests per step assumed for a category absent from the current mix: its decision is then the
 #: marginal one (what one such request would gain in this batch).

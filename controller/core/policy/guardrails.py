@@ -1,18 +1,18 @@
 """Guardrails applied on top of the goodput policy's best configuration (see :mod:`.goodput`): hysteresis,
 the per-request adaptation band, and probing of categories left at k = 0. Each is priced by the same batch
-model (:class:`controller.core.model.batch.BatchModel`) the configuration was found with.
+model (:class:`specctl_vllm.controller.core.model.batch.BatchModel`) the configuration was found with.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from controller.core.config import PolicySettings
-from controller.core.estimator import expected_committed
-from controller.core.model.batch import BatchModel
-from controller.core.policy import candidates as cand
-from controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
-from controller.drafters import is_model_free
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.model.batch import BatchModel
+from specctl_vllm.controller.core.policy import candidates as cand
+from specctl_vllm.controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.drafters import is_model_free
 
 
 # --- guardrails on a found configuration ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The decision per engine shape: when it is due, and what is served when it cannot be computed.
 
-A decision is :func:`controller.core.policy.goodput.decide` on the engine's snapshot. It is cached per engine
+A decision is :func:`specctl_vllm.controller.core.policy.goodput.decide` on the engine's snapshot. It is cached per engine
 shape (:func:`key`) for the engine's own refresh period (:func:`refresh_interval`) unless the model's
 signature changes (a new category, a drafter that just became usable). A decision that raises or comes out
 unsound (a non-finite figure, a policy the wire refuses) is not served: the last good one is, else the
@@ -13,15 +13,15 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from controller.core.config import BrainConfig
-from controller.core.cost import CostCoefficients
-from controller.core.engines import EngineBook
-from controller.core.learner import ModelState
-from controller.core.policy import goodput
-from controller.core.policy.types import CategoryDecision, Decision
-from controller.core.stages.snapshot import policy_snapshot
-from controller.core.stages.wire import category_policy
-from controller.protocol import METHOD_OFF, SpecConfig
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.policy import goodput
+from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision
+from specctl_vllm.controller.core.stages.snapshot import policy_snapshot
+from specctl_vllm.controller.core.stages.wire import category_policy
+from specctl_vllm.controller.protocol import METHOD_OFF, SpecConfig
 
 Key = tuple[str, str, int, tuple[str, ...], str, bool, tuple[int, ...]]
 

@@ -1,7 +1,7 @@
 """Forgetting: what the idle sweep and a smaller budget drop, the drop itself, and the series the rest is charged.
 
 State is per model (with its categories) and per engine; what was derived from it (cached decisions and served
-policies, keyed by :data:`controller.core.stages.decide.Key`, and a model's decision-error count) goes with it,
+policies, keyed by :data:`specctl_vllm.controller.core.stages.decide.Key`, and a model's decision-error count) goes with it,
 so nothing forgotten is served again. :func:`idle` and :func:`over_budget` only read; :func:`drop` and
 :func:`stamp_unseen` write the dictionaries they are given (the Brain's own).
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, MutableMapping
 
-from controller.core.budget import GLOBAL_SERIES, engine_series, model_series
-from controller.core.config import BudgetSettings
-from controller.core.engines import EngineBook
-from controller.core.learner import ModelState
+from specctl_vllm.controller.core.budget import GLOBAL_SERIES, engine_series, model_series
+from specctl_vllm.controller.core.config import BudgetSettings
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.learner import ModelState
 
 
 def idle(models: dict[str, ModelState], engines: dict[str, EngineBook], budget: BudgetSettings, now: float) -> list[tuple[str, str]]:

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.core.budget import MODEL_SERIES, category_series, engine_series, label_weight
-from controller.core.config import BrainConfig, BudgetSettings
-from controller.core.cost import CostCoefficients
-from controller.core.engines import COUNTER_CAP, EngineBook
-from controller.core.learner import BatchDigest, ModelState
-from controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.core.budget import MODEL_SERIES, category_series, engine_series, label_weight
+from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
+from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook
+from specctl_vllm.controller.core.learner import BatchDigest, ModelState
+from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
 
 class IngestRejected(Exception):

@@ -1,4 +1,4 @@
-"""Learned state read back from a snapshot (:meth:`controller.core.brain.Brain.dump`), checked part by part."""
+"""Learned state read back from a snapshot (:meth:`specctl_vllm.controller.core.brain.Brain.dump`), checked part by part."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from controller.core.config import BrainConfig
-from controller.core.cost import CostCoefficients
-from controller.core.engines import EngineBook
-from controller.core.learner import ModelState
-from controller.protocol import CATEGORY_PATTERN, MAX_SEQ, OVERFLOW_CATEGORY
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_SEQ, OVERFLOW_CATEGORY
 
 DUMP_FORMAT = "specctl-brain"
 DUMP_VERSION = 1

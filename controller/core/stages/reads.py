@@ -12,14 +12,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from controller.core.config import BrainConfig
-from controller.core.engines import EngineBook
-from controller.core.entropy import classify
-from controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval
-from controller.core.learner import CategoryState, ModelState
-from controller.core.overrides import Override
-from controller.core.policy.types import Decision
-from controller.core.views import (
+from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.entropy import classify
+from specctl_vllm.controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval
+from specctl_vllm.controller.core.learner import CategoryState, ModelState
+from specctl_vllm.controller.core.overrides import Override
+from specctl_vllm.controller.core.policy.types import Decision
+from specctl_vllm.controller.core.views import (
     CategoryMetrics,
     CategoryView,
     DecisionView,
@@ -30,8 +30,8 @@ from controller.core.views import (
     MetricsSnapshot,
     PositionView,
 )
-from controller.drafters import is_model_free
-from controller.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
+from specctl_vllm.controller.drafters import is_model_free
+from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,14 +8,14 @@ depth factors and mixed-k penalty at that engine's batch size.
 
 from __future__ import annotations
 
-from controller.core.config import LearnerSettings
-from controller.core.cost import FULL_GRAPH_PENALTY, CostCoefficients
-from controller.core.engines import EngineBook
-from controller.core.estimator import AcceptanceEstimator
-from controller.core.learner import ModelState
-from controller.core.policy.types import CategoryInput, Choice, Decision, MethodProfile, PolicySnapshot
-from controller.drafters import is_model_free
-from controller.protocol import METHOD_ENGINE, METHOD_OFF, SpecConfig
+from specctl_vllm.controller.core.config import LearnerSettings
+from specctl_vllm.controller.core.cost import FULL_GRAPH_PENALTY, CostCoefficients
+from specctl_vllm.controller.core.engines import EngineBook
+from specctl_vllm.controller.core.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, Decision, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.drafters import is_model_free
+from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, SpecConfig
 
 
 def engine_methods(spec: SpecConfig) -> tuple[str, ...]:

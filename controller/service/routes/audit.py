@@ -7,11 +7,11 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Query
 
-from controller.protocol import CATEGORY_PATTERN
-from controller.service.deps import RuntimeDep, SingleValuedQuery
-from controller.service.openapi_bodies import responses
-from controller.service.routes.overrides import audit_entry
-from controller.service.schemas import AuditEntry
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN
+from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
+from specctl_vllm.controller.service.openapi_bodies import responses
+from specctl_vllm.controller.service.routes.overrides import audit_entry
+from specctl_vllm.controller.service.schemas import AuditEntry
 
 router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[SingleValuedQuery])
 

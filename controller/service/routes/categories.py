@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from controller.protocol import CATEGORY_PATTERN
-from controller.service.deps import RuntimeDep, SingleValuedQuery
-from controller.service.errors import BadInput
-from controller.service.openapi_bodies import responses
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN
+from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
+from specctl_vllm.controller.service.errors import BadInput
+from specctl_vllm.controller.service.openapi_bodies import responses
 
 router = APIRouter(prefix="/v1", tags=["categories"], dependencies=[SingleValuedQuery])
 

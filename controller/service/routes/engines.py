@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from controller.core.brain import category_key
-from controller.service.deps import AdminAuth, RuntimeDep, SingleValuedQuery, read_json
-from controller.service.errors import BadInput
-from controller.service.openapi_bodies import json_body, responses
-from controller.service.schemas import ForgetIn, Forgotten
+from specctl_vllm.controller.core.brain import category_key
+from specctl_vllm.controller.service.deps import AdminAuth, RuntimeDep, SingleValuedQuery, read_json
+from specctl_vllm.controller.service.errors import BadInput
+from specctl_vllm.controller.service.openapi_bodies import json_body, responses
+from specctl_vllm.controller.service.schemas import ForgetIn, Forgotten
 
 router = APIRouter(prefix="/v1", tags=["engines"], dependencies=[SingleValuedQuery])
 

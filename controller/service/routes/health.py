@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from controller.service.schemas import Health, Readiness
+from specctl_vllm.controller.service.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 

@@ -1,11 +1,11 @@
 """GET /metrics: Prometheus exposition of the learned state, rendered off the event loop (see
-:mod:`controller.service.render`)."""
+:mod:`specctl_vllm.controller.service.render`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from controller.service.deps import RuntimeDep
+from specctl_vllm.controller.service.deps import RuntimeDep
 
 router = APIRouter(tags=["metrics"])
 

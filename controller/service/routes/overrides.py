@@ -8,12 +8,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from controller.protocol import CATEGORY_PATTERN
-from controller.service.deps import AdminAuth, RuntimeDep, read_json
-from controller.service.errors import BadInput
-from controller.service.openapi_bodies import json_body, responses
-from controller.service.schemas import ACTOR_PATTERN, AuditEntry, OverrideChange, OverrideIn, OverrideOut
-from controller.service.store import AuditRecord, describe_store_error
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN
+from specctl_vllm.controller.service.deps import AdminAuth, RuntimeDep, read_json
+from specctl_vllm.controller.service.errors import BadInput
+from specctl_vllm.controller.service.openapi_bodies import json_body, responses
+from specctl_vllm.controller.service.schemas import ACTOR_PATTERN, AuditEntry, OverrideChange, OverrideIn, OverrideOut
+from specctl_vllm.controller.service.store import AuditRecord, describe_store_error
 
 log = logging.getLogger("controller.service")
 

@@ -1,17 +1,17 @@
 """POST /v1/telemetry: one engine's batch in, the policy for that engine out.
 
 Thin on purpose: the body is read here, everything else (parse, merge, decision) runs off the event loop in
-:meth:`controller.service.runtime.Runtime.ingest`.
+:meth:`specctl_vllm.controller.service.runtime.Runtime.ingest`.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from controller.protocol import TelemetryAck, TelemetryBatch
-from controller.service.deps import IngestRuntime, read_body
-from controller.service.errors import BadInput
-from controller.service.openapi_bodies import json_body, responses
+from specctl_vllm.controller.protocol import TelemetryAck, TelemetryBatch
+from specctl_vllm.controller.service.deps import IngestRuntime, read_body
+from specctl_vllm.controller.service.errors import BadInput
+from specctl_vllm.controller.service.openapi_bodies import json_body, responses
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 

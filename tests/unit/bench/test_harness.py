@@ -53,7 +53,7 @@ def test_wait_http_fails_early_when_the_process_exits():
 
 def test_controller_command_is_specctl_serve():
     assert harness.controller_command(8123, "--insecure-dev") == [
-        sys.executable, "-m", "controller", "serve", "--host", "127.0.0.1", "--port", "8123", "--insecure-dev"]
+        sys.executable, "-m", "specctl_vllm.controller", "serve", "--host", "127.0.0.1", "--port", "8123", "--insecure-dev"]
 
 
 def test_proc_readers_read_this_process():

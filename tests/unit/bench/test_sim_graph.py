@@ -16,9 +16,9 @@ from bench.sim.graph import (
     measured_cells,
     run_graph,
 )
-from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.core.cost import PRESETS
-from controller.core.model.cells import CellTable, bucket_of
+from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.model.cells import CellTable, bucket_of
 
 H200 = PRESETS["h200"]
 

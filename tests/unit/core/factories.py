@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from controller.core.brain import Brain
-from controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from controller.core.cost import H200
-from controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.cost import H200
+from specctl_vllm.controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 
 SPEC = SpecConfig(method="eagle3", k_max=4, model_free_methods=[])
 

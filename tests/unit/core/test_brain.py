@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from controller.core.brain import MAX_MODELS, Brain, IngestRejected
-from controller.protocol import (
+from specctl_vllm.controller.core.brain import MAX_MODELS, Brain, IngestRejected
+from specctl_vllm.controller.protocol import (
     METHOD_ENGINE,
     OVERFLOW_CATEGORY,
     CategoryStep,
@@ -138,7 +138,7 @@ def test_policy_version_bumps_only_on_content_change():
     p2 = b.policy_for("m", SPEC, 1000.5, "e1")  # cached decision
     p3 = b.policy_for("m", SPEC, 1010.0, "e1")  # recomputed, same content
     assert p1.version == p2.version == p3.version
-    from controller.core.overrides import Override
+    from specctl_vllm.controller.core.overrides import Override
 
     b.set_overrides([Override("code", off=True, reason="incident", actor="ops", created_at=1.0)])
     p4 = b.policy_for("m", SPEC, 1010.1, "e1")  # overrides apply fresh, without waiting for the interval
@@ -212,7 +212,7 @@ def test_metrics_reconcile_with_the_histograms():
 
 
 def test_overrides_pin_and_expire():
-    from controller.core.overrides import Override
+    from specctl_vllm.controller.core.overrides import Override
 
     b = brain()
     feed(b, range(30))
@@ -297,8 +297,8 @@ def test_an_engine_with_full_cuda_graphs_starts_without_adaptation_bands(full_gr
 
 
 def test_decision_periods_differ_per_engine_and_stay_near_the_interval():
-    from controller.core.stages.decide import key as _key
-    from controller.core.stages.decide import refresh_interval
+    from specctl_vllm.controller.core.stages.decide import key as _key
+    from specctl_vllm.controller.core.stages.decide import refresh_interval
     periods = [refresh_interval(_key("m", SPEC, f"engine-{i}"), 2.0) for i in range(64)]
     assert all(1.5 <= p < 2.5 for p in periods)
     assert len({round(p, 6) for p in periods}) == 64  # no two engines share a period
@@ -307,8 +307,8 @@ def test_decision_periods_differ_per_engine_and_stay_near_the_interval():
 
 
 def test_a_decision_is_kept_until_its_own_period_runs_out():
-    from controller.core.stages.decide import key as _key
-    from controller.core.stages.decide import refresh_interval
+    from specctl_vllm.controller.core.stages.decide import key as _key
+    from specctl_vllm.controller.core.stages.decide import refresh_interval
     b = brain()
     b.ingest(batch([step([cat_step("code", 4, [0.8] * 4)])] * 20, 0), 0.0)
     period = refresh_interval(_key("m", SPEC, "e1"), b.config.policy.interval_s)

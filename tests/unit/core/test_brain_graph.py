@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.brain import Brain
-from controller.core.model.cells import bucket_of
-from controller.core.model.widths import expected_lengths
-from controller.protocol import SpecConfig
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.model.cells import bucket_of
+from specctl_vllm.controller.core.model.widths import expected_lengths
+from specctl_vllm.controller.protocol import SpecConfig
 from tests.unit.core.factories import SPEC, batch, brain, cat_step, config, step
 
 GRAPH_SPEC = SpecConfig(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=[0, 1, 2, 4, 7])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from controller.core.engines import COUNTER_CAP, EngineBook
+from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook
 
 
 def feed(book, batches):

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.core.decay import decay_factor
-from controller.core.estimator import (
+from specctl_vllm.controller.core.decay import decay_factor
+from specctl_vllm.controller.core.estimator import (
     AcceptanceEstimator,
     expected_committed,
     positions_from_hist,

@@ -2,11 +2,11 @@
 
 import pytest
 
-from controller.core.config import PolicySettings
-from controller.core.cost import CPU, H200, PRESETS
-from controller.core.estimator import expected_committed
-from controller.core.policy import baseline, goodput
-from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.cost import CPU, H200, PRESETS
+from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.policy import baseline, goodput
+from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 
 CFG = PolicySettings(cost_preset="h200")
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.brain import Brain
-from controller.protocol import CategoryStep, DraftHistogram, StepRecord
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.protocol import CategoryStep, DraftHistogram, StepRecord
 from tests.unit.core.factories import batch, config
 
 

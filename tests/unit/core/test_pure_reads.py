@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from controller.core.brain import Brain
-from controller.core.overrides import Override
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.overrides import Override
 from tests.unit.core.factories import SPEC, batch, brain, cat_step, step
 
 CODE, CHAT = [0.8] * 8, [0.25] * 8

@@ -54,9 +54,9 @@ def test_docker_compose_config_validates(platform, tmp_path):
 
 def test_engine_command_loads_the_patch():
     command = load(COMPOSE / "compose.yaml")["services"]["engine"]["command"]
-    assert "--scheduler-cls=engine_patch.scheduler.SpecctlAsyncScheduler" in command
+    assert "--scheduler-cls=specctl_vllm.engine_patch.scheduler.SpecctlAsyncScheduler" in command
     assert "--async-scheduling" in command  # the async subclass goes with async scheduling
-    assert "--middleware=engine_patch.middleware.CategoryMiddleware" in command
+    assert "--middleware=specctl_vllm.engine_patch.middleware.CategoryMiddleware" in command
     env = load(COMPOSE / "compose.yaml")["services"]["engine"]["environment"]
     assert env["SPECCTL_CONTROLLER_URL"] == "http://controller:8081"
 

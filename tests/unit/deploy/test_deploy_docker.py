@@ -19,7 +19,7 @@ import pytest
 import yaml
 from deploy_support import DEPLOY, K8S, REPO
 
-from engine_patch import versions
+from specctl_vllm.engine_patch import versions
 
 DOCKER = DEPLOY / "docker"
 DOCKERFILES = {"engine": DOCKER / "engine.Dockerfile", "controller": DOCKER / "controller.Dockerfile"}
@@ -155,9 +155,9 @@ def test_plugin_entry_point_is_installed(installed):
 def test_classes_named_on_the_vllm_command_line_are_installed(installed):
     paths = _deploy_dotted_paths()
     assert {
-        "engine_patch.scheduler.SpecctlScheduler",
-        "engine_patch.scheduler.SpecctlAsyncScheduler",
-        "engine_patch.middleware.CategoryMiddleware",
+        "specctl_vllm.engine_patch.scheduler.SpecctlScheduler",
+        "specctl_vllm.engine_patch.scheduler.SpecctlAsyncScheduler",
+        "specctl_vllm.engine_patch.middleware.CategoryMiddleware",
     } <= paths
     for dotted in paths:
         assert _defines(installed, dotted, ast.ClassDef), dotted

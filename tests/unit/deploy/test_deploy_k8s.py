@@ -174,9 +174,9 @@ def test_gpu_platform_settings(overlay):
     assert not set(vllm["resources"]["limits"]) & (set(GPU.values()) - {GPU[platform(overlay)]})
     # GPU engines run async scheduling, which needs the async scheduler subclass.
     assert "--async-scheduling" in vllm["args"]
-    assert env(vllm)["SPECCTL_SCHEDULER_CLS"] == "engine_patch.scheduler.SpecctlAsyncScheduler"
+    assert env(vllm)["SPECCTL_SCHEDULER_CLS"] == "specctl_vllm.engine_patch.scheduler.SpecctlAsyncScheduler"
     assert "--scheduler-cls=$(SPECCTL_SCHEDULER_CLS)" in vllm["args"]
-    assert "--middleware=engine_patch.middleware.CategoryMiddleware" in vllm["args"]
+    assert "--middleware=specctl_vllm.engine_patch.middleware.CategoryMiddleware" in vllm["args"]
     assert ("VLLM_ROCM_USE_AITER" in env(vllm)) == (platform(overlay) == "rocm")
     if platform(overlay) == "rocm":
         assert env(vllm)["VLLM_ROCM_USE_AITER"] == "1"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine_patch import backports
+from specctl_vllm.engine_patch import backports
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def test_execute_model_records_the_width_except_on_dummy_runs() -> None:
     assert getattr(runner.speculator, backports.WIDTH_ATTR) is None
 
 
-def _manager(decode_query_len: int, table, scheduler="engine_patch.scheduler.SpecctlScheduler", method="eagle3"):
+def _manager(decode_query_len: int, table, scheduler="specctl_vllm.engine_patch.scheduler.SpecctlScheduler", method="eagle3"):
     spec = SimpleNamespace(num_speculative_tokens_per_batch_size=table, method=method)
     config = SimpleNamespace(speculative_config=spec, num_speculative_tokens=7,
                              scheduler_config=SimpleNamespace(scheduler_cls=scheduler))

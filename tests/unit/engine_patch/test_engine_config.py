@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from engine_patch import plugin, versions
-from engine_patch.settings import default_engine_id, load_settings
+from specctl_vllm.engine_patch import plugin, versions
+from specctl_vllm.engine_patch.settings import default_engine_id, load_settings
 
 
 def test_defaults() -> None:
@@ -50,7 +50,7 @@ def test_invalid_values_fall_back_to_defaults_and_say_why(env: dict, caplog) -> 
 def test_default_engine_id_is_a_valid_protocol_id() -> None:
     import re
 
-    from controller import protocol
+    from specctl_vllm.controller import protocol
 
     assert re.fullmatch(protocol.ENGINE_ID_PATTERN, default_engine_id(3))
     assert default_engine_id(3).endswith("-dp3")
@@ -87,4 +87,4 @@ def test_plugin_is_the_declared_entry_point() -> None:
     from importlib import metadata
 
     eps = metadata.entry_points(group="vllm.general_plugins")
-    assert any(ep.name == "specctl" and ep.value == "engine_patch.plugin:register" for ep in eps)
+    assert any(ep.name == "specctl" and ep.value == "specctl_vllm.engine_patch.plugin:register" for ep in eps)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine_patch.middleware import CategoryMiddleware, tag_body
+from specctl_vllm.engine_patch.middleware import CategoryMiddleware, tag_body
 
 
 class Captured:

@@ -6,9 +6,16 @@ import math
 
 import pytest
 
-from controller import protocol
-from controller.adapt import RequestK
-from engine_patch.policy_table import EngineSpec, PolicyHolder, build_table, next_k_bound, resolve, static_table
+from specctl_vllm.controller import protocol
+from specctl_vllm.controller.adapt import RequestK
+from specctl_vllm.engine_patch.policy_table import (
+    EngineSpec,
+    PolicyHolder,
+    build_table,
+    next_k_bound,
+    resolve,
+    static_table,
+)
 
 NGRAM = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 ASYNC_EAGLE = EngineSpec(method="eagle3", k_max=3)
@@ -109,7 +116,7 @@ def test_holder_expiry_falls_back_and_reattaches() -> None:
     ],
 )
 def test_next_k_bound_covers_next_k(state: RequestK, rule: protocol.AdaptRule, bound: int) -> None:
-    from controller.adapt import next_k
+    from specctl_vllm.controller.adapt import next_k
 
     r = resolve(cp(k=state.k, adapt=rule), EngineSpec(method="ngram", k_max=8))
     assert next_k_bound(state, r) == bound

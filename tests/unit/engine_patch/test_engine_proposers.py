@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_patch.proposers import TokenHistory, propose_ngram, propose_suffix
+from specctl_vllm.engine_patch.proposers import TokenHistory, propose_ngram, propose_suffix
 
 
 def reference_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

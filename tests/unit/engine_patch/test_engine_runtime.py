@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine_patch import runtime
-from engine_patch.runtime import SpecctlMixin, build_runtime, engine_spec, full_cuda_graphs
-from engine_patch.settings import EngineSettings
+from specctl_vllm.engine_patch import runtime
+from specctl_vllm.engine_patch.runtime import SpecctlMixin, build_runtime, engine_spec, full_cuda_graphs
+from specctl_vllm.engine_patch.settings import EngineSettings
 
 
 class Parent:

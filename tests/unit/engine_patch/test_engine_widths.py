@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from engine_rig import Rig
 
-from controller import protocol
-from controller.core.model.widths import geometric_lengths
-from engine_patch.policy_table import EngineSpec
-from engine_patch.telemetry import new_entry, row_to_wire
-from engine_patch.widths import WidthChooser
+from specctl_vllm.controller import protocol
+from specctl_vllm.controller.core.model.widths import geometric_lengths
+from specctl_vllm.engine_patch.policy_table import EngineSpec
+from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire
+from specctl_vllm.engine_patch.widths import WidthChooser
 
 CP = protocol.CategoryPolicy
 GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
@@ -124,7 +124,7 @@ def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
 
 
 def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
-    from engine_patch.hook import HookStats
+    from specctl_vllm.engine_patch.hook import HookStats
 
     stats = HookStats()
     assert stats.overhead_line() == "hook no steps; at batch >= 128: no steps"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_patch import versions
+from specctl_vllm.engine_patch import versions
 
 ROOT = Path(__file__).resolve().parents[3]
 spec = importlib.util.spec_from_file_location("vllm_contract", ROOT / "scripts" / "vllm_contract.py")

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from controller.service.app import create_app
-from controller.service.settings import AuthSettings, ServerSettings, ServiceSettings, StoreSettings
+from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.controller.service.settings import AuthSettings, ServerSettings, ServiceSettings, StoreSettings
 
 ADMIN_TOKEN = "admin-token-0123456789"
 INGEST_TOKEN = "ingest-token-0123456789"

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import SecretStr
 
-from controller.service.auth import AdminListener, AuthError, Scope, TokenCheck
+from specctl_vllm.controller.service.auth import AdminListener, AuthError, Scope, TokenCheck
 
 TOKEN = "s3cret-token-0123456789"
 

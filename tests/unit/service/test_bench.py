@@ -15,8 +15,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from controller import bench, bench_cli
-from controller.bench import BenchError, Config, Result
+from specctl_vllm.controller import bench, bench_cli
+from specctl_vllm.controller.bench import BenchError, Config, Result
 
 
 def line(**kw) -> str:

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 from fastapi.testclient import TestClient
 
-from controller.core.config import BrainConfig, BudgetSettings
-from controller.service.app import create_app
+from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
+from specctl_vllm.controller.service.app import create_app
 from tests.unit.service.batches import batch
 from tests.unit.service.conftest import ADMIN, INGEST, parked_sleep, settings_for
 

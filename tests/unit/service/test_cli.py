@@ -4,7 +4,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from controller import cli
+from specctl_vllm.controller import cli
 from tests.unit.service.batches import batch, hist, step
 from tests.unit.service.conftest import ADMIN_TOKEN, INGEST
 
@@ -107,7 +107,7 @@ def test_table_format():
 
 
 def test_category_rule_is_the_servers():
-    from controller.protocol import CATEGORY_PATTERN
+    from specctl_vllm.controller.protocol import CATEGORY_PATTERN
 
     assert cli.CATEGORY_RULE.pattern == CATEGORY_PATTERN
 
@@ -181,7 +181,7 @@ def test_version():
 def test_serve_help_names_every_variable_and_default():
     """`serve --help` shows each option's variable and the setting's default (square brackets in a help text
     are markup to the renderer, which dropped them with what they held)."""
-    from controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
+    from specctl_vllm.controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
 
     result = runner.invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0

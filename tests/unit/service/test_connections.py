@@ -10,8 +10,8 @@ import time
 import pytest
 import uvicorn
 
-from controller.service.app import create_app
-from controller.service.connections import limited_protocol
+from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.controller.service.connections import limited_protocol
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
+from specctl_vllm.controller.service.settings import AuthSettings, RecordSettings, ServerSettings, StoreSettings
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "controller.md").read_text()
 

@@ -15,8 +15,8 @@ import threading
 import httpx
 import pytest
 
-from controller.core.policy import goodput
-from controller.service.runtime import INLINE_DECISION_WORK, BrainLock
+from specctl_vllm.controller.core.policy import goodput
+from specctl_vllm.controller.service.runtime import INLINE_DECISION_WORK, BrainLock
 from tests.unit.service.batches import MODEL, batch, hist, step
 from tests.unit.service.conftest import ADMIN, INGEST
 
@@ -121,7 +121,7 @@ def test_snapshot_is_the_dump_written_model_by_model(client, monkeypatch):
     def pause(_: float) -> None:
         pauses.append(runtime._brain_lock.locked())
 
-    monkeypatch.setattr("controller.service.runtime.time.sleep", pause)
+    monkeypatch.setattr("specctl_vllm.controller.service.runtime.time.sleep", pause)
     text = runtime.snapshot_text()
     assert pauses == [False, False, False]
     assert json.loads(text) == json.loads(json.dumps(runtime.dump()))

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from controller.service import server
+from specctl_vllm.controller.service import server
 
 
 @pytest.mark.parametrize(

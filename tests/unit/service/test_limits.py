@@ -2,8 +2,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from controller.service import errors
-from controller.service.limits import BodyLimit
+from specctl_vllm.controller.service import errors
+from specctl_vllm.controller.service.limits import BodyLimit
 
 CAP = 1024
 

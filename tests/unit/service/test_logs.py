@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from controller.service.logs import REDACTED, JsonFormatter, RedactSecrets
+from specctl_vllm.controller.service.logs import REDACTED, JsonFormatter, RedactSecrets
 
 SECRET = "tok-abcdefghijklmnop"
 

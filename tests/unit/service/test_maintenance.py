@@ -2,7 +2,7 @@
 
 import pytest
 
-from controller.service.app import maintain
+from specctl_vllm.controller.service.app import maintain
 from tests.unit.service.batches import batch
 from tests.unit.service.conftest import ADMIN, INGEST, settings_for
 

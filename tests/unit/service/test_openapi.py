@@ -2,12 +2,12 @@
 
 import json
 
-from controller import openapi
+from specctl_vllm.controller import openapi
 
 
 def test_committed_document_is_current():
     assert openapi.DEFAULT_PATH.read_text() == openapi.render(openapi.build()), (
-        "controller/openapi.json is stale: run `python -m controller.openapi`"
+        "controller/openapi.json is stale: run `python -m specctl_vllm.controller.openapi`"
     )
 
 

@@ -4,8 +4,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.service.app import create_app
-from controller.service.auth import AdminListener
+from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.controller.service.auth import AdminListener
 from tests.unit.service.batches import batch, hist, step
 from tests.unit.service.conftest import ADMIN, INGEST, parked_sleep, settings_for
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from controller import replay_cli, report_cli
-from controller.protocol import TelemetryBatch
-from controller.service.app import create_app
-from controller.service.recorder import FILE_RE, Recorder, file_name, next_index, to_delete
-from controller.service.settings import RecordSettings, ServiceSettings
+from specctl_vllm.controller import replay_cli, report_cli
+from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.controller.service.recorder import FILE_RE, Recorder, file_name, next_index, to_delete
+from specctl_vllm.controller.service.settings import RecordSettings, ServiceSettings
 from tests.unit.service.batches import batch, hist, step
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 
@@ -138,7 +138,7 @@ def test_a_killed_controller_leaves_a_readable_file(tmp_path: Path) -> None:
     """The stream is flushed every record_flush_s: the file of a recorder that never closed reads up to there."""
     import time
 
-    from controller.recording import read_recording
+    from specctl_vllm.controller.recording import read_recording
 
     rec = Recorder(record_settings(tmp_path, record_flush_s=0.05))
     rec.start()

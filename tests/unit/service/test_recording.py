@@ -1,4 +1,4 @@
-"""Reading recordings (controller.recording) and the replay command's input: plain, gzip, folders, clear errors."""
+"""Reading recordings (specctl_vllm.controller.recording) and the replay command's input: plain, gzip, folders, clear errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import replay_cli
-from controller.recording import RecordingError, decode_recording, read_recording
+from specctl_vllm.controller import replay_cli
+from specctl_vllm.controller.recording import RecordingError, decode_recording, read_recording
 from tests.unit.service.batches import batch
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from controller.service.render import Renderer
+from specctl_vllm.controller.service.render import Renderer
 from tests.unit.service.batches import batch
 from tests.unit.service.conftest import INGEST
 

@@ -1,6 +1,6 @@
 import pytest
 
-from controller.service.settings import MIN_TOKEN_CHARS, SettingsError, load_settings
+from specctl_vllm.controller.service.settings import MIN_TOKEN_CHARS, SettingsError, load_settings
 
 ADMIN = "a" * MIN_TOKEN_CHARS
 INGEST = "i" * MIN_TOKEN_CHARS
@@ -79,7 +79,7 @@ def test_environment_read(monkeypatch):
 
 
 def test_every_field_documented():
-    from controller.service.settings import AuthSettings, ServerSettings, StoreSettings
+    from specctl_vllm.controller.service.settings import AuthSettings, ServerSettings, StoreSettings
 
     for cls in (ServerSettings, AuthSettings, StoreSettings):
         for name, field in cls.model_fields.items():

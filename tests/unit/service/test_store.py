@@ -2,8 +2,8 @@ import sqlite3
 
 import pytest
 
-from controller.core.overrides import Override
-from controller.service.store import SCHEMA_VERSION, Store, StoreError
+from specctl_vllm.controller.core.overrides import Override
+from specctl_vllm.controller.service.store import SCHEMA_VERSION, Store, StoreError
 
 
 @pytest.fixture

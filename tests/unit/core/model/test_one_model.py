@@ -8,13 +8,13 @@ import pytest
 
 from bench.sim import oracle
 from bench.sim.profiles import CategoryProfile, Trace
-from controller.core import token_traces, whatif
-from controller.core.config import PolicySettings
-from controller.core.cost import CPU, H200, CostCoefficients
-from controller.core.model.batch import BatchModel
-from controller.core.model.cells import CellTable
-from controller.core.policy import goodput
-from controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+from specctl_vllm.controller.core import token_traces, whatif
+from specctl_vllm.controller.core.config import PolicySettings
+from specctl_vllm.controller.core.cost import CPU, H200, CostCoefficients
+from specctl_vllm.controller.core.model.batch import BatchModel
+from specctl_vllm.controller.core.model.cells import CellTable
+from specctl_vllm.controller.core.policy import goodput
+from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 
 K_MAX = 6
 ENGINE, FREE = "draft_model", "ngram"

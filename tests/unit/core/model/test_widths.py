@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.model.widths import choose_width, expected_lengths, geometric_lengths, margin
+from specctl_vllm.controller.core.model.widths import choose_width, expected_lengths, geometric_lengths, margin
 
 WIDTHS = (0, 1, 2, 4, 7)
 HIGH = geometric_lengths(0.85, 7)

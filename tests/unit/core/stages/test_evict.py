@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.core.stages import evict
+from specctl_vllm.controller.core.stages import evict
 from tests.unit.core.factories import batch, brain, cat_step, step
 
 
