@@ -31,11 +31,11 @@ graphs) the penalty stays near 1.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost import MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
+from specctl_vllm.controller.core.cost import FULL_GRAPH_PENALTY, MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
 from specctl_vllm.controller.core.decay import Decayed
 from specctl_vllm.controller.protocol import MAX_K
 
@@ -263,3 +263,25 @@ def _shrunk_ratio(wall, pred, w, toward, prior: float):
     seen = (w > 1e-9) & (pred > 1e-12)
     mean_pred = np.where(seen, pred / np.maximum(w, 1e-9), 0.0)
     return np.where(seen, (wall + prior * mean_pred * toward) / np.maximum(pred + prior * mean_pred, 1e-12), toward)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corrections:
+    """What a step is priced with beyond the fitted coefficients, at one batch size: per model-drafting depth
+    the measured over the modelled step time, and how much dearer a step is whose requests draft different k.
+    The policy's snapshot and ``specctl replay`` both take them from :func:`corrections`, so the batch model
+    prices a configuration the same way in both."""
+
+    depth_factor: tuple[float, ...] = ()
+    mixed_penalty: float = 1.0
+
+
+#: No measured correction: the coefficients alone (an immutable value, the default of the what-if's calls).
+NO_CORRECTIONS = Corrections()
+
+
+def corrections(fit: OnlineCostModel, batch_size: float, k_max: int, full_cuda_graphs: bool) -> Corrections:
+    """The fit's corrections at ``batch_size``; an engine on full CUDA graphs starts from a mixed-k penalty of
+    :data:`FULL_GRAPH_PENALTY` (a mixed step leaves the graph) until it measured its own."""
+    return Corrections(depth_factor=tuple(float(f) for f in fit.depth_factors(batch_size, k_max)),
+                       mixed_penalty=fit.mixed_penalty(batch_size, FULL_GRAPH_PENALTY if full_cuda_graphs else 1.0))

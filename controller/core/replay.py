@@ -35,6 +35,7 @@ from specctl_vllm.controller.core import ema_tiers, token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from specctl_vllm.controller.core.cost import PRESETS
+from specctl_vllm.controller.core.cost_fit import corrections
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
@@ -144,13 +145,13 @@ def _choice_from(decisions: Mapping[str, tuple[int, str, str]], work: whatif.Wor
     return choice, notes
 
 
-def _ema(batches, profiles_est, work, profiles, cost, k_max, initial_steps, batch_size, method):
+def _ema(batches, profiles_est, work, profiles, cost, corr, k_max, initial_steps, batch_size, method):
     betas = {c: np.asarray(per[method].betas(max(k_max, 1), 0.5, 4.0))
              for c, per in profiles_est.items() if method in per}
     counts = ema_tiers.recorded_steps(batches, betas, k_max, initial_steps)
     parts = []
     for k, steps in sorted(counts.items()):
-        est = whatif.estimate(work, whatif.uniform(work, profiles, method, k), cost, batch_size)
+        est = whatif.estimate(work, whatif.uniform(work, profiles, method, k), cost, batch_size, corr)
         parts.append((steps * est.goodput * est.step_ms, est))  # committed tokens done at this k
     return whatif.mixed_estimate(parts), counts
 
@@ -172,7 +173,10 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     spec = SpecConfig(method=spec0.method, k_max=k_top, model_free_methods=list(spec0.model_free_methods))
     all_ks = list(range(1, k_top + 1))
     work = whatif.workload_from_telemetry(batches)
-    cost = whatif.fit_cost(batches, PRESETS[preset])
+    fit = whatif.fit_cost_model(batches, PRESETS[preset])
+    cost = fit.coefficients()
+    # the depth factors and mixed-k penalty the policy would have priced the recorded batch with
+    corr = corrections(fit, float(batch_size or work.batch_size or 1.0), k_top, spec0.full_cuda_graphs)
     est, _ = whatif.acceptance(batches)
     tel = whatif.telemetry_profiles(batches, all_ks)
     scored = token_traces.trace_profiles(traces, proposers or {}, all_ks) if traces and proposers else {}
@@ -181,7 +185,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     rows: dict[str, dict] = {}
 
     def row(name: str, choice: Mapping[str, token_traces.Profile], e: whatif.Estimate | None = None, **extra) -> None:
-        e = e or whatif.estimate(work, choice, cost, batch_size)
+        e = e or whatif.estimate(work, choice, cost, batch_size, corr)
         rows[name] = {"goodput": e.goodput, "step_ms": e.step_ms, "per_category": dict(e.per_category),
                       "choice": {c: {"method": p.method, "k": p.k, "e": round(p.e, 4), "d": round(p.d, 4), "source": p.source}
                                  for c, p in choice.items()},
@@ -205,12 +209,13 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
                 sources={c: decisions.get(c, decisions.get("_default", (0, "", "default")))[2]
                          for c in work.categories})
         elif name == "ema_tiers":
-            e, counts = _ema(batches, est, work, profiles, cost, k_top, ema_initial_steps, batch_size, spec.method)
+            e, counts = _ema(batches, est, work, profiles, cost, corr, k_top, ema_initial_steps, batch_size,
+                             spec.method)
             total = sum(counts.values()) or 1
             row("ema_tiers", {}, e, steps_at_k={str(k): round(n / total, 4) for k, n in sorted(counts.items())})
         elif name == "oracle":
             starts = [whatif.uniform(work, profiles, spec.method, k) for k in all_ks]
-            row("oracle", whatif.best_static(work, profiles, cost, batch_size, starts))
+            row("oracle", whatif.best_static(work, profiles, cost, batch_size, starts, corr))
         elif name != "off":
             raise ReplayError(f"unknown policy {name!r} (known: {', '.join(DEFAULT_POLICIES)})")
     off = rows["off"]["goodput"]
@@ -226,7 +231,9 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
         "batches": len(batches), "steps": work.steps, "step_seconds": round(work.step_seconds, 6),
         "batch_size": batch_size or work.batch_size, "recorded_batch_size": work.batch_size,
         "measured_goodput": work.measured_goodput, "committed_tokens": dict(work.committed),
-        "cost_preset": preset, "cost": cost.to_dict(), "profile_sources": sources,
+        "cost_preset": preset, "cost": cost.to_dict(),
+        "cost_corrections": {"depth_factor": [round(f, 4) for f in corr.depth_factor],
+                             "mixed_penalty": round(corr.mixed_penalty, 4)}, "profile_sources": sources,
         "requests_scored": len(traces) if scored else 0, "policies": rows, "notes": notes,
     }
 

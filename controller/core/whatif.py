@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
 from specctl_vllm.controller.core.model.search import search
@@ -169,14 +169,21 @@ def telemetry_profiles(batches: Sequence[TelemetryBatch], ks: Sequence[int], pri
     return out
 
 
-def fit_cost(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_strength: float = 10.0
-             ) -> CostCoefficients:
-    """The step-cost model fitted to every recorded step (no forgetting), pulled toward ``preset``."""
+def fit_cost_model(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_strength: float = 10.0
+                   ) -> OnlineCostModel:
+    """The controller's online step-cost fit over every recorded step (no forgetting), pulled toward ``preset``:
+    its coefficients and its :func:`~specctl_vllm.controller.core.cost_fit.corrections`."""
     model = OnlineCostModel(preset, prior_strength)
     for b in batches:
         model.add_many([(*step_shape(st, b.spec.method), st.wall_s, step_kind(st)) for st in b.steps
                         if st.batch_size > 0])
-    return model.coefficients()
+    return model
+
+
+def fit_cost(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_strength: float = 10.0
+             ) -> CostCoefficients:
+    """The coefficients of :func:`fit_cost_model`."""
+    return fit_cost_model(batches, preset, prior_strength).coefficients()
 
 
 def merge_profiles(primary: Mapping[str, Mapping[tuple[str, int], Profile]],
@@ -219,7 +226,7 @@ def _option_rows(profiles: Sequence[Profile]) -> Options:
 
 
 def batch_model(work: Workload, options: Mapping[str, Sequence[Profile]], cost: CostCoefficients,
-                batch_size: float | None = None) -> BatchModel:
+                batch_size: float | None = None, corrections: Corrections = NO_CORRECTIONS) -> BatchModel:
     """The recorded work as the policy's batch model: category c holds slots in proportion to C_c / E_c, prefill
     rides along at P / sum C tokens per committed token; ``options[c]`` the profiles a search may pick from."""
     b = float(batch_size or work.batch_size or 1.0)
@@ -229,15 +236,16 @@ def batch_model(work: Workload, options: Mapping[str, Sequence[Profile]], cost: 
     k_max = max((int(o.k.max()) for o in opts), default=0)
     return BatchModel(cats, [b * work.committed[c] / total for c in cats], opts, [True] * len(cats),
                       Prefill.steady(rate=work.prefill_tokens / total), cost, k_max,
-                      demand=[work.committed[c] for c in cats])
+                      demand=[work.committed[c] for c in cats], depth_factors=corrections.depth_factor,
+                      mixed_penalty=corrections.mixed_penalty)
 
 
 def estimate(work: Workload, choice: Mapping[str, Profile], cost: CostCoefficients,
-             batch_size: float | None = None) -> Estimate:
+             batch_size: float | None = None, corrections: Corrections = NO_CORRECTIONS) -> Estimate:
     """Goodput of the recorded work with each category at ``choice[c]`` (missing categories: off)."""
     if not any(v > 0 for v in work.committed.values()):
         return Estimate(0.0, 0.0, {})
-    model = batch_model(work, {c: [choice.get(c, OFF)] for c in work.categories}, cost, batch_size)
+    model = batch_model(work, {c: [choice.get(c, OFF)] for c in work.categories}, cost, batch_size, corrections)
     g, t = model.goodput(np.zeros(len(model.names), dtype=int))
     return Estimate(g, t * 1e3, {c: max(choice.get(c, OFF).e, 1e-9) / t for c in model.names})
 
@@ -264,14 +272,15 @@ def options(profiles: Mapping[tuple[str, int], Profile]) -> list[Profile]:
 
 
 def best_static(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int], Profile]], cost: CostCoefficients,
-                batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = ()) -> dict[str, Profile]:
+                batch_size: float | None = None, starts: Iterable[Mapping[str, Profile]] = (),
+                corrections: Corrections = NO_CORRECTIONS) -> dict[str, Profile]:
     """Hindsight oracle: the per-category (method, k) with the best estimated goodput of the whole batch, found
     by the policy's own search (:mod:`specctl_vllm.controller.core.model.search`), also restarted from ``starts`` (e.g. every
     uniform k)."""
     if not any(v > 0 for v in work.committed.values()):
         return {c: OFF for c in work.categories}
     opts = {c: options(profiles.get(c, {})) for c in work.categories}
-    model = batch_model(work, opts, cost, batch_size)
+    model = batch_model(work, opts, cost, batch_size, corrections)
     points = [np.array([_position(opts[c], s.get(c, OFF)) for c in model.names]) for s in starts]
     cfg = search(model, int(model.levels[-1]), None, points)
     best = {c: opts[c][int(j)] for c, j in zip(model.names, cfg)}

@@ -9,7 +9,8 @@ depth factors and mixed-k penalty at that engine's batch size.
 from __future__ import annotations
 
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost import FULL_GRAPH_PENALTY, CostCoefficients
+from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.cost_fit import corrections
 from specctl_vllm.controller.core.engines import EngineBook
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.learner import ModelState
@@ -63,7 +64,7 @@ def policy_snapshot(ms: ModelState | None, book: EngineBook | None, spec: SpecCo
     prev_default = None
     if previous is not None and previous.default.source == "default":
         prev_default = Choice(previous.default.k, previous.default.method)
-    factors = tuple(float(f) for f in ms.cost.depth_factors(batch_size, spec.k_max))
+    corr = corrections(ms.cost, batch_size, spec.k_max, spec.full_cuda_graphs)
     return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
-                          methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, factors,
-                          ms.cost.mixed_penalty(batch_size, FULL_GRAPH_PENALTY if spec.full_cuda_graphs else 1.0))
+                          methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, corr.depth_factor,
+                          corr.mixed_penalty)

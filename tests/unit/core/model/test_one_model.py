@@ -10,7 +10,8 @@ from bench.sim import oracle
 from bench.sim.profiles import CategoryProfile, Trace
 from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.cost import CPU, H200, CostCoefficients
+from specctl_vllm.controller.core.cost import CPU, H200, MIXED, UNIFORM, CostCoefficients
+from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, OnlineCostModel, corrections
 from specctl_vllm.controller.core.model.batch import BatchModel
 from specctl_vllm.controller.core.model.cells import CellTable
 from specctl_vllm.controller.core.policy import goodput
@@ -142,3 +143,40 @@ def test_all_three_price_the_step_through_the_batch_model_s_one_step_model(choic
     after = {"policy": via_policy(choice, 8.0, H200), "replay": via_replay(choice, 8.0, H200),
              "oracle": via_oracle(choice, 8.0, H200)}
     assert after == pytest.approx({k: v / 2.0 for k, v in before.items()}, rel=1e-12)
+
+
+@pytest.mark.parametrize("choice", CHOICES[:2])
+@pytest.mark.parametrize("batch", [4.0, 64.0])
+def test_policy_and_replay_price_with_the_same_measured_corrections(choice, batch) -> None:
+    """A fit whose steps ran dearer at depth and with mixed k: the policy's snapshot and replay take its depth
+    factors and mixed-k penalty from the same ``corrections`` and still price the configuration alike (replay
+    once priced with the coefficients alone)."""
+    corr = corrections_of_a_measured_engine(batch)
+    assert corr != NO_CORRECTIONS and corr.mixed_penalty > 1.05 and max(abs(f - 1.0) for f in corr.depth_factor) > 0.05
+    cats = tuple(CategoryInput(name, batch * s, (
+        MethodProfile(ENGINE, eng, 1e4, False, False), MethodProfile(FREE, free, 1e4, True, True)),
+        committed=demand()[name]) for name, (s, _, eng, free) in CATEGORIES.items())
+    snap = PolicySnapshot(categories=cats, pooled=(), batch_size=batch, extra_tokens=0.0, cost=H200, k_max=K_MAX,
+                          engine_method=ENGINE, methods=(ENGINE, FREE), extra_per_committed=rho(),
+                          depth_factor=corr.depth_factor, mixed_penalty=corr.mixed_penalty)
+    policy, _ = goodput.score(snap, PolicySettings(), {c: Choice(k, m if k else "off") for c, (k, m) in choice.items()})
+    committed = {c: 1000.0 * w for c, w in demand().items()}
+    work = whatif.Workload(committed, rho() * sum(committed.values()), batch, 0, 0.0)
+    picked = {c: token_traces.Profile(m, k, e_of(CATEGORIES[c][2 if m == ENGINE else 3], k), float(k), "telemetry")
+              if k else token_traces.OFF for c, (k, m) in choice.items()}
+    replay = whatif.estimate(work, picked, H200, batch, corr).goodput
+    assert replay == pytest.approx(policy, rel=1e-9)
+    assert replay != pytest.approx(whatif.estimate(work, picked, H200, batch).goodput, rel=1e-3)  # they do count
+
+
+def corrections_of_a_measured_engine(batch: float):
+    """The online fit after steps that ran 30 % dearer at every depth above 0 and 40 % dearer with mixed k."""
+    fit = OnlineCostModel(H200, 10.0)
+    rows = []
+    for depth in range(K_MAX + 1):
+        for kind, slow in ((UNIFORM, 1.0), (MIXED, 1.4)):
+            n, tok = int(batch), int(batch) * (1 + depth)
+            t = H200.step_time(n, tok, depth, 0) * (1.3 if depth else 1.0) * (slow if depth else 1.0)
+            rows += [(n, tok, depth, 0, t, kind if depth else UNIFORM)] * 200
+    fit.add_many(rows)
+    return corrections(fit, batch, K_MAX, full_cuda_graphs=False)
