@@ -23,10 +23,12 @@ start() {
     if [[ -f "$BG/pid" ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
         echo "already running (pid $(cat "$BG/pid"))" >&2; exit 1
     fi
-    rm -rf "$BG/checkout" "$BG/rc"
-    mkdir -p "$BG/out"
-    cp -a "$REPO" "$BG/checkout"
-    (cd "$BG/checkout" && sed -i "s#^export PYTHONPATH=\"[^:]*:#export PYTHONPATH=\"$BG/checkout:#" "$HOME_DIR/env.sh")
+    rm -rf "$BG/checkout" "$BG/rc" "$BG/out"
+    mkdir -p "$BG/out" "$BG/checkout"
+    # the code only: not a virtual environment, caches or the carried wheel parts (links stay links)
+    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./.cache --exclude=./bench/gpu/parts -cf - . \
+        | tar -C "$BG/checkout" -xf -
+    sed -i "s#^export PYTHONPATH=\"[^:]*:#export PYTHONPATH=\"$BG/checkout:#" "$HOME_DIR/env.sh"
     setsid nohup bash -c "cd '$BG/checkout' && source '$HOME_DIR/env.sh' && export SPECCTL_BG_OUT='$BG/out' \
         && bash '$script'; echo \$? > '$BG/rc'" > "$BG/out/background.log" 2>&1 < /dev/null &
     echo $! > "$BG/pid"

@@ -1,0 +1,54 @@
+"""bench/gpu/background.sh: a script started in a process session of its own outlives the call that started it,
+runs from a copy of the checkout with the vLLM environment's PYTHONPATH pointed at that copy, and `wait` packs
+what it wrote."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "bench" / "gpu" / "background.sh"
+
+
+@pytest.fixture()
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "env.sh").write_text('export PYTHONPATH="/old/checkout:/site"\n')
+    return tmp_path
+
+
+def run(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, timeout=timeout,
+                          env={"PATH": "/usr/bin:/bin", "SPECCTL_GPU_HOME": str(home)})
+
+
+def test_start_then_wait_returns_what_the_script_wrote(home: Path, tmp_path: Path) -> None:
+    job = "tests/unit/bench/data/background_job.sh"
+    started = run(home, "start", job)
+    assert started.returncode == 0, started.stderr
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    waited = run(home, "wait", "30", str(dest))
+    assert waited.returncode == 0, waited.stderr
+    assert "finished: exit 0" in waited.stdout
+    with tarfile.open(dest / "results.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+        seen = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("seen.txt"))).read().decode()
+    assert {"seen.txt", "background.log"} <= names
+    checkout = home / "bg" / "checkout"
+    assert f"pythonpath={checkout}:/site" in seen  # the copy, not the re-sent checkout
+    assert f"cwd={checkout}" in seen
+    assert not (checkout / ".venv").exists() and (checkout / "specctl_vllm" / "controller").is_symlink()
+
+
+def test_unknown_script_and_bad_usage_are_refused(home: Path) -> None:
+    assert run(home, "start", "no/such/script.sh").returncode == 2
+    assert run(home, "nonsense").returncode == 2
+
+
+@pytest.mark.parametrize("session", sorted((REPO / "bench" / "gpu" / "sessions").glob("*.sh")), ids=lambda p: p.name)
+def test_session_scripts_parse(session: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(session)], check=False, capture_output=True).returncode == 0
