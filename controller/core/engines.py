@@ -129,7 +129,7 @@ class EngineBook:
         return {
             "engine_id": self.engine_id, "model": self.model, "boot_id": self.boot_id,
             "spec_method": self.spec_method, "spec_k_max": self.spec_k_max,
-            "spec_full_cuda_graphs": self.spec_full_cuda_graphs, "spec_graph_widths": list(self.spec_graph_widths),
+            "spec_full_cuda_graphs": self.spec_full_cuda_graphs,
             "model_free_methods": list(self.model_free_methods), "max_seq": self.max_seq,
             "seen": sorted(self.seen), "retired_boots": list(self.retired_boots), "gaps": self.gaps,
             "retired_max_seq": dict(self.retired_max_seq), "id_conflicts": self.id_conflicts,
@@ -139,6 +139,8 @@ class EngineBook:
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
             "policy_version_served": self.policy_version_served,
             "policy_version_reported": self.policy_version_reported, "mix": self.mix.to_dict(),
+            # only where graph-shaped: a per-request engine's snapshot stays what it was
+            **({"spec_graph_widths": list(self.spec_graph_widths)} if self.spec_graph_widths else {}),
         }
 
     @classmethod
