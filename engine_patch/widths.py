@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specctl_vllm.controller.core.model.widths import choose_width, geometric_lengths
+from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
@@ -75,7 +75,7 @@ class WidthChooser:
         sums = self._fast.get(category)
         evidence = (sums[0] + sums[1]) if sums else 0.0
         if evidence <= 0:
-            return slow or geometric_lengths(0.5, self.k_max)
+            return slow or geometric_lengths(COLD_BETA, self.k_max)
         fast = geometric_lengths(sums[0] / evidence, self.k_max)
         if not slow:
             return fast

@@ -17,6 +17,7 @@ silent duplicate. Cumulative figures (gaps, dropped steps, outcomes) survive boo
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ class EngineBook:
     spec_method: str = ""
     spec_k_max: int = 0
     spec_full_cuda_graphs: bool = False
+    #: the engine's width set when graph-shaped: the views then show the width decision it is served
+    spec_graph_widths: tuple[int, ...] = ()
     model_free_methods: tuple[str, ...] = ()
     max_seq: int = -1
     seen: set[int] = field(default_factory=set)
@@ -136,6 +139,8 @@ class EngineBook:
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
             "policy_version_served": self.policy_version_served,
             "policy_version_reported": self.policy_version_reported, "mix": self.mix.to_dict(),
+            # only where graph-shaped: a per-request engine's snapshot stays what it was
+            **({"spec_graph_widths": list(self.spec_graph_widths)} if self.spec_graph_widths else {}),
         }
 
     @classmethod
@@ -146,6 +151,7 @@ class EngineBook:
         b.spec_method = str(d.get("spec_method", ""))
         b.spec_k_max = int(d.get("spec_k_max", 0))
         b.spec_full_cuda_graphs = bool(d.get("spec_full_cuda_graphs", False))
+        b.spec_graph_widths = _widths(d.get("spec_graph_widths", ()), b.spec_k_max)
         b.model_free_methods = tuple(str(m) for m in d.get("model_free_methods", []))
         b.max_seq = int(d.get("max_seq", -1))
         b.seen = {int(s) for s in d.get("seen", [])}
@@ -173,3 +179,13 @@ class EngineBook:
             setattr(b, name, None if v is None else int(v))
         b.mix = Mix.from_dict(d["mix"]) if "mix" in d else Mix()
         return b
+
+
+def _widths(raw, k_max: int) -> tuple[int, ...]:
+    """A stored width set, kept only when it is one the protocol accepts (else: per-request k)."""
+    try:
+        w = tuple(int(x) for x in raw)
+    except (TypeError, ValueError):
+        return ()
+    ok = bool(w) and w[0] == 0 and all(b > a for a, b in itertools.pairwise(w)) and w[-1] <= k_max
+    return w if ok else ()

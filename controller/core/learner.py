@@ -21,7 +21,14 @@ from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.mix import Mix
 from specctl_vllm.controller.core.model.cells import CellTable
 from specctl_vllm.controller.drafters import resolve
-from specctl_vllm.controller.protocol import MAX_K, MAX_METHODS, METHOD_OFF, OVERFLOW_CATEGORY, TelemetryBatch
+from specctl_vllm.controller.protocol import (
+    MAX_K,
+    MAX_METHODS,
+    METHOD_OFF,
+    OVERFLOW_CATEGORY,
+    StepRecord,
+    TelemetryBatch,
+)
 
 
 @dataclass
@@ -89,6 +96,15 @@ class BatchDigest:
     cell_samples: list[tuple[int, int, float]] = field(default_factory=list)
 
 
+
+def cell_sample(step: StepRecord) -> tuple[int, int, float] | None:
+    """(batch size, width, cost seconds) of a step the cell table learns from: decode steps (no prompt tokens)
+    of a graph-shaped engine, which report their width. The cost is ``min(wall_s, interval_s)``: under async
+    scheduling the interval since the previous step ended is the step's cost, the wall time overlaps it."""
+    if step.width is None or step.batch_size <= 0 or step.prefill_tokens != 0:
+        return None
+    return step.batch_size, step.width, step.wall_s if step.interval_s is None else min(step.wall_s, step.interval_s)
+
 class ModelState:
     def __init__(self, name: str, preset: CostCoefficients, settings: LearnerSettings) -> None:
         self.name = name
@@ -119,9 +135,9 @@ class ModelState:
         seconds = 0.0
         for step in batch.steps:
             seconds += step.wall_s
-            if step.width is not None and step.batch_size > 0 and step.prefill_tokens == 0:
-                cost_s = step.wall_s if step.interval_s is None else min(step.wall_s, step.interval_s)
-                cell_samples.append((step.batch_size, step.width, cost_s))
+            sample = cell_sample(step)
+            if sample is not None:
+                cell_samples.append(sample)
             if step.batch_size > 0:
                 busy += 1
                 busy_req += step.batch_size

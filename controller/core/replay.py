@@ -170,7 +170,11 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     spec0 = batches[-1].spec
     k_top = k_max if k_max is not None else max(spec0.k_max, max(ks, default=0))
     k_top = max(0, min(k_top, MAX_K))
-    spec = SpecConfig(method=spec0.method, k_max=k_top, model_free_methods=list(spec0.model_free_methods))
+    # a graph-shaped engine runs one width of its set per step: its rows are priced by the cell table
+    widths = [w for w in spec0.graph_widths if w <= k_top]
+    graph = bool(widths)
+    shape = {"full_cuda_graphs": spec0.full_cuda_graphs, "graph_widths": widths} if graph else {}
+    spec = SpecConfig(method=spec0.method, k_max=k_top, model_free_methods=list(spec0.model_free_methods), **shape)
     all_ks = list(range(1, k_top + 1))
     work = whatif.workload_from_telemetry(batches)
     fit = whatif.fit_cost_model(batches, PRESETS[preset])
@@ -183,6 +187,12 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     profiles = whatif.merge_profiles(scored, tel)
     notes: list[str] = []
     rows: dict[str, dict] = {}
+    if graph:
+        view = whatif.cell_view(batches, widths, PRESETS[preset])
+        curves = whatif.graph_curves(work, profiles, spec.method, k_top)
+
+        def at(width: int) -> whatif.Estimate:
+            return whatif.graph_estimate(work, curves, view, width, batch_size)
 
     def row(name: str, choice: Mapping[str, token_traces.Profile], e: whatif.Estimate | None = None, **extra) -> None:
         e = e or whatif.estimate(work, choice, cost, batch_size, corr)
@@ -191,31 +201,44 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
                                  for c, p in choice.items()},
                       **extra}
 
-    row("off", {c: token_traces.OFF for c in work.categories})
+    row("off", {c: token_traces.OFF for c in work.categories}, at(0) if graph else None)
     for name in policies:
         if name == "recorded":
-            row("recorded", dict(work.recorded))
+            row("recorded", dict(work.recorded), whatif.graph_recorded(batches, view) if graph else None)
         elif name == "static":
-            for k in ks:
+            for k in (widths[1:] if graph else ks):
                 if k <= k_top:
-                    row(f"k={k}", whatif.uniform(work, profiles, spec.method, k))
+                    row(f"k={k}", whatif.uniform(work, profiles, spec.method, k), at(k) if graph else None)
         elif name == "goodput":
             decisions, changes, rejected = goodput_decisions(batches, spec, preset, timeline, category_floor)
             choice, miss = _choice_from(decisions, work, profiles)
             notes += miss
             if rejected:
                 notes.append(f"goodput: {rejected} batches rejected by the controller logic and skipped")
-            row("goodput", choice, timeline=changes,
+            extra = {}
+            if graph:  # every category runs the step's width: the policy's (the engine's rule on its cells)
+                width = decisions.get("_default", (0, METHOD_OFF, "default"))[0]
+                choice = whatif.uniform(work, profiles, spec.method, width)
+                extra = {"width": width}
+            row("goodput", choice, at(extra["width"]) if graph else None, timeline=changes,
                 sources={c: decisions.get(c, decisions.get("_default", (0, "", "default")))[2]
-                         for c in work.categories})
+                         for c in work.categories}, **extra)
         elif name == "ema_tiers":
             e, counts = _ema(batches, est, work, profiles, cost, corr, k_top, ema_initial_steps, batch_size,
                              spec.method)
             total = sum(counts.values()) or 1
             row("ema_tiers", {}, e, steps_at_k={str(k): round(n / total, 4) for k, n in sorted(counts.items())})
+            if graph:
+                notes.append("ema_tiers: per-request k, priced with the batch model (a graph-shaped engine "
+                             "cannot run it)")
         elif name == "oracle":
-            starts = [whatif.uniform(work, profiles, spec.method, k) for k in all_ks]
-            row("oracle", whatif.best_static(work, profiles, cost, batch_size, starts, corr))
+            if graph:  # the best width in hindsight, without the rule's margin
+                best = max(whatif.graph_plan(work, curves, view, batch_size).rows, key=lambda r: r.goodput)
+                row("oracle", whatif.uniform(work, profiles, spec.method, best.width), at(best.width),
+                    width=best.width)
+            else:
+                starts = [whatif.uniform(work, profiles, spec.method, k) for k in all_ks]
+                row("oracle", whatif.best_static(work, profiles, cost, batch_size, starts, corr))
         elif name != "off":
             raise ReplayError(f"unknown policy {name!r} (known: {', '.join(DEFAULT_POLICIES)})")
     off = rows["off"]["goodput"]
@@ -235,6 +258,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
         "cost_corrections": {"depth_factor": [round(f, 4) for f in corr.depth_factor],
                              "mixed_penalty": round(corr.mixed_penalty, 4)}, "profile_sources": sources,
         "requests_scored": len(traces) if scored else 0, "policies": rows, "notes": notes,
+        "step_model": "cells" if graph else "batch_model",
     }
 
 
@@ -253,6 +277,8 @@ def format_report(report: dict) -> str:
     head = (f"model {report['model']}: engine drafter {eng['method']} k_max {eng['k_max']}, "
             f"{report['steps']} steps, batch {report['batch_size']:.2f} (recorded {report['recorded_batch_size']:.2f}), "
             f"measured {report['measured_goodput']:.1f} tok/s of step time; cost preset {report['cost_preset']}")
+    if report.get("step_model") == "cells":
+        head += "; graph-shaped engine: steps priced by the recording's cell table"
     rows = []
     for name, r in pol.items():
         rows.append([name, f"{r['goodput']:.1f}", f"{r['vs_off']:.3f}" if r["vs_off"] else "-", f"{r['step_ms']:.2f}"]

@@ -14,12 +14,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from specctl_vllm.controller.core.model.cells import CellView
+
 #: Smallest relative gain over K = 0 a width must show in two well-measured cells (measurement noise of a
 #: steady step time on one GPU is ~1-2 %).
 BASE_MARGIN = 0.02
 #: Extra margin for a cell measured over no step: the modelled gain must be large before an unmeasured width
 #: is trusted, and shrinks as 1/sqrt(steps).
 UNMEASURED_MARGIN = 0.30
+#: Conditional acceptance a category is credited with while neither the controller's curve nor the engine's
+#: fast sums say anything about it (the engine's cold start; the policy assumes the same for such a category).
+COLD_BETA = 0.5
 
 
 def expected_lengths(betas: Sequence[float], k_max: int) -> tuple[float, ...]:
@@ -51,8 +56,34 @@ class WidthChoice:
     plain_value: float  # the same at K = 0
 
 
+def committed_per_step(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int,
+                       default_curve: Sequence[float] = (1.0,)) -> float:
+    """sum_c n_c E_c(K): the tokens a step at width ``k`` commits (a curve shorter than K is extended flat)."""
+    tokens = 0.0
+    for cat, count in mix.items():
+        curve = curves.get(cat, default_curve)
+        tokens += count * curve[min(k, len(curve) - 1)]
+    return tokens
+
+
+def width_values(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], widths: Sequence[int],
+                 step_s: Sequence[float], default_curve: Sequence[float] = (1.0,)) -> list[float]:
+    """value(K) = sum_c n_c E_c(K) / T(b, K) per width (``widths[0]`` = 0: n / T(b, 0), every request commits
+    one token); 0 where a cell has no usable step time. The one goodput formula of the width rule: the rule
+    and the controller's goodput table (:func:`plan_widths`) both read it from here."""
+    n = sum(mix.values())
+    out = []
+    for i, k in enumerate(widths):
+        t = step_s[i]
+        if not (t > 0 and math.isfinite(t)) or n <= 0:
+            out.append(0.0)
+        else:
+            out.append((n if i == 0 else committed_per_step(mix, curves, k, default_curve)) / t)
+    return out
+
+
 def choose_width(
-    mix: Mapping[str, int],
+    mix: Mapping[str, float],
     curves: Mapping[str, Sequence[float]],
     widths: Sequence[int],
     step_s: Sequence[float],
@@ -62,22 +93,61 @@ def choose_width(
     """The width rule for one step. ``widths`` ascending with 0 first; ``step_s[i]``/``steps[i]`` the cell's
     step time and measured steps at ``widths[i]`` for this step's batch bucket; ``curves[c][K]`` = E_c(K)
     (a category without a curve uses ``default_curve``; a curve shorter than K is extended flat)."""
-    n = sum(mix.values())
-    t0 = step_s[0]
-    if n <= 0 or t0 <= 0 or not math.isfinite(t0):
+    values = width_values(mix, curves, widths, step_s, default_curve)
+    plain = values[0]
+    if plain <= 0:
         return WidthChoice(width=0, value=0.0, plain_value=0.0)
-    plain = n / t0
     best, best_value = 0, plain
     for i in range(1, len(widths)):
-        t = step_s[i]
-        if not (t > 0 and math.isfinite(t)):
-            continue
-        k = widths[i]
-        tokens = 0.0
-        for cat, count in mix.items():
-            curve = curves.get(cat, default_curve)
-            tokens += count * curve[min(k, len(curve) - 1)]
-        value = tokens / t
+        value = values[i]
         if value > best_value and value >= plain * (1.0 + margin(steps[i], steps[0])):
-            best, best_value = k, value
+            best, best_value = widths[i], value
     return WidthChoice(width=best, value=best_value, plain_value=plain)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidthRow:
+    """One width of the goodput table: the cell's step time and measured steps, the modelled goodput."""
+
+    width: int
+    step_s: float
+    steps: float
+    goodput: float  # sum_c n_c E_c(K) / T(b, K), committed tokens per second (0: the cell has no step time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidthPlan:
+    """What a graph-shaped engine's width rule does with one batch: the width it picks and every width's row."""
+
+    width: int
+    batch: int  # the batch size whose bucket priced the rows
+    rows: tuple[WidthRow, ...]  # one per width of the cell view, ascending; rows[0] is K = 0
+
+    @property
+    def plain(self) -> WidthRow:
+        return self.rows[0]
+
+    @property
+    def chosen(self) -> WidthRow:
+        return self.row(self.width)
+
+    def row(self, width: int) -> WidthRow:
+        for r in self.rows:
+            if r.width == width:
+                return r
+        raise KeyError(width)
+
+
+def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapping[str, float], batch: int,
+                default_curve: Sequence[float] = (1.0,)) -> WidthPlan:
+    """The width :func:`choose_width` picks for a step of ``batch`` requests, ``mix`` of them per category, on
+    the cell table ``view``, and the goodput table behind it. The controller's policy and ``specctl replay``
+    price graph-shaped engines with this, so they show the width the engine runs (its exploration steps and
+    its fast acceptance blend aside), not one of their own."""
+    b = max(int(batch), 1)
+    step_s, steps = view.row(b)
+    choice = choose_width(mix, curves, view.widths, step_s, steps, default_curve)
+    values = width_values(mix, curves, view.widths, step_s, default_curve)
+    rows = tuple(WidthRow(width=k, step_s=step_s[i], steps=steps[i], goodput=values[i])
+                 for i, k in enumerate(view.widths))
+    return WidthPlan(width=choice.width, batch=b, rows=rows)

@@ -1,6 +1,9 @@
 """The decision per engine shape: when it is due, and what is served when it cannot be computed.
 
-A decision is :func:`specctl_vllm.controller.core.policy.goodput.decide` on the engine's snapshot. It is cached per engine
+A decision is :func:`specctl_vllm.controller.core.policy.goodput.decide` on the engine's snapshot, or, for a
+graph-shaped engine (``graph_widths``), :func:`specctl_vllm.controller.core.policy.graph.decide` on the cell table
+and curves the engine is sent (the width its own rule picks: the batch model's per-request k is not what such an
+engine runs). It is cached per engine
 shape (:func:`key`) for the engine's own refresh period (:func:`refresh_interval`) unless the model's
 signature changes (a new category, a drafter that just became usable). A decision that raises or comes out
 unsound (a non-finite figure, a policy the wire refuses) is not served: the last good one is, else the
@@ -17,11 +20,13 @@ from specctl_vllm.controller.core.config import BrainConfig
 from specctl_vllm.controller.core.cost import CostCoefficients
 from specctl_vllm.controller.core.engines import EngineBook
 from specctl_vllm.controller.core.learner import ModelState
-from specctl_vllm.controller.core.policy import goodput
-from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision
+from specctl_vllm.controller.core.model.cells import CellView
+from specctl_vllm.controller.core.model.widths import COLD_BETA, geometric_lengths
+from specctl_vllm.controller.core.policy import goodput, graph
+from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
 from specctl_vllm.controller.core.stages.snapshot import policy_snapshot
-from specctl_vllm.controller.core.stages.wire import category_policy
-from specctl_vllm.controller.protocol import METHOD_OFF, SpecConfig
+from specctl_vllm.controller.core.stages.wire import category_policy, graph_inputs
+from specctl_vllm.controller.protocol import METHOD_OFF, SpecConfig, StepCells
 
 Key = tuple[str, str, int, tuple[str, ...], str, bool, tuple[int, ...]]
 
@@ -69,11 +74,29 @@ def compute(ms: ModelState | None, book: EngineBook | None, spec: SpecConfig, no
             ) -> tuple[Decision | None, str | None]:
     """The policy's decision on this engine's snapshot, and why it cannot be served (None when it can)."""
     try:
-        decision = goodput.decide(policy_snapshot(ms, book, spec, now, previous, config.learner, preset),
-                                  config.policy)
+        snap = policy_snapshot(ms, book, spec, now, previous, config.learner, preset)
+        decision = _graph_decision(snap, ms, spec, config, preset) if spec.graph_widths else None
+        if decision is None:
+            decision = goodput.decide(snap, config.policy)
         return decision, unsound(decision, spec)
     except Exception as exc:  # noqa: BLE001 -- no learned state may make a later request fail
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _graph_decision(snap: PolicySnapshot, ms: ModelState | None, spec: SpecConfig, config: BrainConfig,
+                    preset: CostCoefficients) -> Decision | None:
+    """The width the engine's rule picks from exactly what it is sent (rounded cells, quantised step counts,
+    rounded curves: the margin depends on the counts); None where the engine gets no cells (it then runs its
+    static width, and the batch model's decision is as good a description as any)."""
+    cells, curves = graph_inputs(ms, spec, preset, config.learner)
+    if cells is None:
+        return None
+    return graph.decide(snap, cell_view(cells), curves, geometric_lengths(COLD_BETA, spec.k_max))
+
+
+def cell_view(cells: StepCells) -> CellView:
+    return CellView(batch_edges=tuple(cells.batch_edges), widths=tuple(cells.widths),
+                    step_s=tuple(tuple(r) for r in cells.step_s), steps=tuple(tuple(r) for r in cells.steps))
 
 
 def _finite(*values: float) -> bool:

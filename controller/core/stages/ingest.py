@@ -160,6 +160,7 @@ def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainC
     book.model = batch.model_name
     book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
     book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
+    book.spec_graph_widths = tuple(batch.spec.graph_widths)
     book.model_free_methods = tuple(batch.spec.model_free_methods)
     book.steps = min(COUNTER_CAP, book.steps + digest.steps)
     book.step_seconds += digest.step_seconds

@@ -55,7 +55,8 @@ def viewed_engine(engines: Mapping[str, EngineBook], model: str) -> tuple[Engine
         return None
     b = max(books, key=lambda x: x.last_seen or 0.0)
     return b, SpecConfig(method=b.spec_method or METHOD_OFF, k_max=b.spec_k_max,
-                         model_free_methods=list(b.model_free_methods), full_cuda_graphs=b.spec_full_cuda_graphs)
+                         model_free_methods=list(b.model_free_methods), full_cuda_graphs=b.spec_full_cuda_graphs,
+                         graph_widths=list(b.spec_graph_widths))
 
 
 def aged_methods(st: CategoryState, now: float, half_life_s: float) -> dict[str, AcceptanceEstimator]:

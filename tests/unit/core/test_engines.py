@@ -64,3 +64,20 @@ def test_restored_counters_capped():
     d = EngineBook("e").to_dict()
     d["gaps"] = 10**400
     assert EngineBook.from_dict(d).gaps == COUNTER_CAP
+
+
+@pytest.mark.parametrize(("stored", "k_max", "want"), [
+    ([0, 1, 2, 4, 7], 7, (0, 1, 2, 4, 7)),
+    ([0, 4], 2, ()),  # wider than the engine: not a width set the protocol accepts
+    ([1, 2], 7, ()),  # no K = 0
+    ([0, 2, 2], 7, ()),
+    ("junk", 7, ()),
+])
+def test_graph_width_set_round_trips_and_malformed_ones_are_per_request(stored, k_max, want):
+    b = EngineBook("e1")
+    b.spec_k_max = k_max
+    d = {**b.to_dict(), "spec_graph_widths": stored}
+    again = EngineBook.from_dict(d)
+    assert again.spec_graph_widths == want
+    assert ("spec_graph_widths" in again.to_dict()) == bool(want)
+    assert "spec_graph_widths" not in EngineBook("e2").to_dict()  # per-request engines' snapshots are unchanged

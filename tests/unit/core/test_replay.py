@@ -283,3 +283,69 @@ def test_format_report_shows_rows_choices_and_the_timeline(report) -> None:
     for needle in ("estimated goodput", "choice per category", "goodput policy along the recording", "ema_tiers"):
         assert needle in text
     assert "the category lacks the evidence" not in text  # every category has enough drafts in this recording
+
+
+# --- graph-shaped recordings: priced by the recording's cell table ---------------------------------------------
+GRAPH_SPEC = SpecConfig(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=[0, 1, 2, 4, 7])
+#: measured seconds per decode step of 16 requests at each width
+GRAPH_STEP_S = {0: 0.010, 1: 0.0115, 2: 0.0125, 4: 0.0150, 7: 0.0200}
+
+
+def _graph_batches(n_batches: int = 30) -> list[TelemetryBatch]:
+    """A graph-shaped eagle3 engine cycling through its widths, 8 code (accepts) and 8 chat (does not) per step."""
+    out = []
+    for seq in range(n_batches):
+        steps = []
+        for i in range(20):
+            width = GRAPH_SPEC.graph_widths[(seq * 20 + i) % 5]
+            cats = [CategoryStep(category=name, method="eagle3" if width else "off", requests=8,
+                                 hists=[DraftHistogram(k=width, accepted=length_counts([beta] * width, width, 8))]
+                                 if width else [])
+                    for name, beta in (("code", 0.85), ("chat", 0.2))]
+            seconds = GRAPH_STEP_S[width]
+            steps.append(StepRecord(t=seq + i * 0.02, wall_s=seconds, interval_s=seconds, batch_size=16,
+                                    scheduled_tokens=16 * (1 + width), draft_tokens=16 * width, draft_depth=width,
+                                    width=width, categories=cats))
+        out.append(TelemetryBatch(engine_id="e1", boot_id="b1", model_name="m", seq=seq, sent_at=1000.0 + seq * 0.5,
+                                  spec=GRAPH_SPEC, steps=steps))
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph_report() -> dict:
+    return replay.replay(_graph_batches(), policies=replay.DEFAULT_POLICIES, preset="h200")
+
+
+def test_a_per_request_recording_is_priced_by_the_batch_model(report) -> None:
+    assert report["step_model"] == "batch_model"
+
+
+def test_graph_recording_rows_are_the_widths_priced_by_their_cells(graph_report) -> None:
+    pol = graph_report["policies"]
+    assert graph_report["step_model"] == "cells"
+    assert {n for n in pol if n.startswith("k=")} == {"k=1", "k=2", "k=4", "k=7"}  # the engine's widths only
+    for name in ("off", "k=1", "k=2", "k=4", "k=7"):
+        row = pol[name]
+        width = int(name[2:]) if name != "off" else 0
+        # 600 measured steps per cell against a prior of 5: the cell is the measurement, within the prior's pull
+        assert row["step_ms"] == pytest.approx(GRAPH_STEP_S[width] * 1e3, rel=0.02)
+        committed = sum(8 * row["choice"][c]["e"] for c in ("code", "chat")) if width else 16.0
+        assert row["goodput"] == pytest.approx(committed / (row["step_ms"] / 1e3), rel=1e-3)
+
+
+def test_graph_recording_oracle_is_the_best_width_and_the_policy_runs_one_width(graph_report) -> None:
+    pol = graph_report["policies"]
+    widths = {"off": 0, "k=1": 1, "k=2": 2, "k=4": 4, "k=7": 7}
+    best = max(widths, key=lambda n: pol[n]["goodput"])
+    assert pol["oracle"]["width"] == widths[best]
+    assert pol["oracle"]["goodput"] == pytest.approx(pol[best]["goodput"], rel=1e-12)
+    width = pol["goodput"]["width"]
+    assert {c["k"] for c in pol["goodput"]["choice"].values()} == {width}
+    assert pol["goodput"]["goodput"] == pytest.approx(pol["off" if width == 0 else f"k={width}"]["goodput"],
+                                                      rel=1e-12)
+    assert pol["goodput"]["goodput"] >= pol["off"]["goodput"]
+
+
+def test_graph_recording_recorded_row_prices_what_ran_close_to_the_measurement(graph_report) -> None:
+    assert graph_report["policies"]["recorded"]["goodput"] == pytest.approx(graph_report["measured_goodput"], rel=0.02)
+    assert "cell table" in replay.format_report(graph_report)

@@ -1,5 +1,7 @@
 """One batch model: the policy's scorer, ``specctl replay``'s estimate and the simulator's oracle price a
-configuration with the same number, and that number is the closed form of controller/core/model/batch.py."""
+configuration with the same number, and that number is the closed form of controller/core/model/batch.py.
+One cell model for graph-shaped engines: the policy's decision, replay's estimate and the graph simulator's step
+price one width through the same cell table, sum_c n_c E_c(K) / T(b, K)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,16 @@ import numpy as np
 import pytest
 
 from bench.sim import oracle
+from bench.sim.graph import GraphEngine, gpu_profile_trace
 from bench.sim.profiles import CategoryProfile, Trace
 from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.config import PolicySettings
 from specctl_vllm.controller.core.cost import CPU, H200, MIXED, UNIFORM, CostCoefficients
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, OnlineCostModel, corrections
 from specctl_vllm.controller.core.model.batch import BatchModel
-from specctl_vllm.controller.core.model.cells import CellTable
-from specctl_vllm.controller.core.policy import goodput
+from specctl_vllm.controller.core.model.cells import CellTable, CellView
+from specctl_vllm.controller.core.model.widths import COLD_BETA, geometric_lengths
+from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 
 K_MAX = 6
@@ -180,3 +184,74 @@ def corrections_of_a_measured_engine(batch: float):
             rows += [(n, tok, depth, 0, t, kind if depth else UNIFORM)] * 200
     fit.add_many(rows)
     return corrections(fit, batch, K_MAX, full_cuda_graphs=False)
+
+
+# --- graph-shaped engines: one cell table ------------------------------------------------------------------
+GRAPH_WIDTHS = (0, 1, 2, 4, 6)
+
+
+def graph_view() -> CellView:
+    """A cell table measured at some cells (the rest from the calibrated prior), as the controller learns it."""
+    table = CellTable()
+    for n, width, seconds in [(1, 0, 0.005), (1, 4, 0.0072), (8, 0, 0.0061), (8, 2, 0.0074), (8, 6, 0.0101),
+                              (64, 0, 0.011), (64, 1, 0.0139), (64, 4, 0.0232), (256, 0, 0.024), (256, 2, 0.052)]:
+        for _ in range(40):
+            table.add(n, width, seconds)
+    return table.view(GRAPH_WIDTHS, H200)
+
+
+def graph_curves() -> dict[str, tuple[float, ...]]:
+    return {c: tuple(e_of(eng, k) for k in range(K_MAX + 1)) for c, (_, _, eng, _) in CATEGORIES.items()}
+
+
+def graph_via_policy(width: int, batch: int) -> tuple[float, int]:
+    """The decision's goodput at ``width``: its own figure where it chose that width, else its goodput-table row
+    (every category's rows are the batch's; rounded to 3 decimals), and the width it chose."""
+    cats = tuple(CategoryInput(name, batch * s, (MethodProfile(ENGINE, eng, 1e4, False, False),))
+                 for name, (s, _, eng, _) in CATEGORIES.items())
+    snap = PolicySnapshot(categories=cats, pooled=(), batch_size=float(batch), extra_tokens=0.0, cost=H200,
+                          k_max=K_MAX, engine_method=ENGINE, methods=(ENGINE,))
+    d = graph.decide(snap, graph_view(), graph_curves(), geometric_lengths(COLD_BETA, K_MAX))
+    row = next(r for r in d.categories[0].table if r.k == width)
+    assert all(c.k == d.default.k for c in d.categories)
+    return (d.goodput if width == d.default.k else row.goodput), d.default.k
+
+
+def graph_via_replay(width: int, batch: int) -> float:
+    # the recording's request steps in the categories' shares (each request step committing one token)
+    work = whatif.Workload({c: 1000.0 * s for c, (s, *_) in CATEGORIES.items()}, 0.0, float(batch), 0, 0.0,
+                           {c: token_traces.Profile(ENGINE, 0, 1.0, 0.0, "recorded") for c in CATEGORIES})
+    return whatif.graph_estimate(work, graph_curves(), graph_view(), width, float(batch)).goodput
+
+
+def graph_via_simulator(width: int, batch: int) -> float:
+    """The graph simulator's engine: a decode step of ``batch`` slots at ``width`` costs its cell."""
+    eng = GraphEngine(gpu_profile_trace("mixed", K_MAX), graph_view(), H200, batch, seed=0, noise=0.0)
+    t = eng.step_seconds(batch, batch * (1 + width), width, 0.0, 0)
+    return sum(batch * s * e_of(eng_b, width) for s, _, eng_b, _ in CATEGORIES.values()) / t
+
+
+@pytest.mark.parametrize("width", GRAPH_WIDTHS)
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+def test_policy_replay_and_graph_simulator_price_a_width_through_the_same_cells(width, batch) -> None:
+    view = graph_view()
+    t = view.row(batch)[0][GRAPH_WIDTHS.index(width)]
+    want = sum(batch * s * e_of(eng, width) for s, _, eng, _ in CATEGORIES.values()) / t  # written out
+    policy, _ = graph_via_policy(width, batch)
+    got = {"replay": graph_via_replay(width, batch), "simulator": graph_via_simulator(width, batch)}
+    assert got == pytest.approx({k: want for k in got}, rel=1e-9)
+    assert policy == pytest.approx(want, rel=1e-9, abs=1e-3)  # the decision's rows are rounded to 3 decimals
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+def test_the_policy_s_width_is_the_rule_s_on_the_same_cells(batch, monkeypatch) -> None:
+    """What the policy reports as the engine's width is choose_width on the cells (never a width worse than
+    plain under them), and the batch model is not asked."""
+
+    def elsewhere(*_a, **_k):
+        raise AssertionError("a graph-shaped step priced by the batch model")
+
+    monkeypatch.setattr(BatchModel, "time", elsewhere)
+    _, width = graph_via_policy(0, batch)
+    plain = graph_via_replay(0, batch)
+    assert graph_via_replay(width, batch) >= plain

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from specctl_vllm.controller.core.model.widths import choose_width, expected_lengths, geometric_lengths, margin
+from specctl_vllm.controller.core.model.cells import CellView
+from specctl_vllm.controller.core.model.widths import (
+    choose_width,
+    expected_lengths,
+    geometric_lengths,
+    margin,
+    plan_widths,
+)
 
 WIDTHS = (0, 1, 2, 4, 7)
 HIGH = geometric_lengths(0.85, 7)
@@ -57,3 +64,45 @@ def test_category_without_curve_uses_the_default_curve() -> None:
     row = [5.0e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]
     assert choose_width({"new": 1}, {}, WIDTHS, row, (1e3,) * 5, default_curve=HIGH).width == 4
     assert choose_width({"new": 1}, {}, WIDTHS, row, (1e3,) * 5).width == 0
+
+
+# --- plan_widths: the goodput table behind the rule (what the policy and replay show) ------------------------
+PLAN_VIEW = CellView(batch_edges=(1, 4, 16), widths=(0, 1, 2),
+                     step_s=((0.005, 0.006, 0.007), (0.010, 0.012, 0.016), (0.020, 0.030, 0.045)),
+                     steps=((1e3,) * 3, (1e3,) * 3, (1e3,) * 3))
+A, B = (1.0, 1.8, 2.4), (1.0, 1.2, 1.3)
+
+
+@pytest.mark.parametrize(
+    ("mix", "curves", "batch", "want_width", "want_goodput"),
+    [
+        # bucket 4: K0 4/0.010 = 400; K1 (3*1.8 + 1.2)/0.012 = 550; K2 (3*2.4 + 1.3)/0.016 = 531.25
+        ({"a": 3, "b": 1}, {"a": A, "b": B}, 4, 1, (400.0, 550.0, 531.25)),
+        # a category without a curve counts E = 1 (the default curve): K1 (3*1.8 + 1)/0.012 = 533.3 over 400
+        ({"a": 3, "x": 1}, {"a": A}, 4, 1, (400.0, 6.4 / 0.012, 8.2 / 0.016)),
+        # batch 5 is in the bucket up to 16: K0 5/0.020 = 250; K1 (4*1.8 + 1.2)/0.030 = 280; K2 (9.6 + 1.3)/0.045
+        ({"a": 4, "b": 1}, {"a": A, "b": B}, 5, 1, (250.0, 280.0, 10.9 / 0.045)),
+        # little acceptance: nothing beats plain
+        ({"b": 4}, {"b": (1.0, 1.02, 1.03)}, 4, 0, (400.0, 4.08 / 0.012, 4.12 / 0.016)),
+        # fractional mean mix (the policy's shares): the same formula, K2 best at batch 1
+        ({"a": 0.5, "b": 0.5}, {"a": A, "b": B}, 1, 2, (200.0, 1.5 / 0.006, 1.85 / 0.007)),
+    ],
+)
+def test_plan_widths_is_the_rule_s_choice_and_its_goodput_table(mix, curves, batch, want_width, want_goodput) -> None:
+    plan = plan_widths(PLAN_VIEW, curves, mix, batch)
+    assert plan.width == want_width
+    assert [r.width for r in plan.rows] == [0, 1, 2]
+    assert [r.goodput for r in plan.rows] == pytest.approx(want_goodput, rel=1e-12)
+    step_s, steps = PLAN_VIEW.row(batch)
+    assert [r.step_s for r in plan.rows] == list(step_s) and [r.steps for r in plan.rows] == list(steps)
+    assert plan.width == choose_width(mix, curves, PLAN_VIEW.widths, step_s, steps).width
+    assert plan.chosen.goodput == max(r.goodput for r in plan.rows) or plan.width == 0
+
+
+def test_plan_widths_keeps_the_margin_on_an_unmeasured_width() -> None:
+    """K2 models 8.5/0.0145 = 586 > K1's 550, but unmeasured it must beat plain by 32 %: it does (586 > 528)."""
+    view = CellView(batch_edges=(4,), widths=(0, 1, 2), step_s=((0.010, 0.012, 0.0145),), steps=((1e3, 1e3, 0.0),))
+    assert plan_widths(view, {"a": A, "b": B}, {"a": 3, "b": 1}, 4).width == 2
+    dear = CellView(batch_edges=(4,), widths=(0, 1, 2), step_s=((0.010, 0.0125, 0.0145),), steps=((1e3, 0.0, 0.0),))
+    plan = plan_widths(dear, {"b": B}, {"b": 4}, 4)  # K1 4.8/0.0125 = 384 below plain's 400
+    assert plan.width == 0 and plan.chosen is plan.plain
