@@ -181,3 +181,9 @@ def test_distribution_name_and_commands(installed):
     scripts = (info / "entry_points.txt").read_text().split("[console_scripts]", 1)[1].split("[", 1)[0]
     names = {line.split("=")[0].strip() for line in scripts.splitlines() if "=" in line}
     assert names == {"specctl", "specctl-vllm"}
+
+
+def test_controller_image_caps_malloc_arenas():
+    """The measured RSS bound of docs/reliability.md holds with at most 2 glibc arenas (the image's default)."""
+    text = (DOCKER / "controller.Dockerfile").read_text()
+    assert re.search(r"^ENV MALLOC_ARENA_MAX=2$", text, re.M)
