@@ -83,26 +83,39 @@ def _ensure_attached(suite: FaultSuite, timeout_s: float = 30.0) -> float:
     return seen[0]
 
 
-def _outage(suite: FaultSuite, t_fault: float, healed: float, timeout_s: float = REATTACH_BOUND_S + 5) -> tuple[float, float]:
-    """(last usable answer before, first usable answer after) the engine's longest wait that ends after
-    ``t_fault``, once an answer after ``healed`` exists.
+#: An answer written this close to the engine's request timeout (counted by the proxy from when it read the
+#: request) may or may not have reached the engine in time: its own clock started when it sent the request,
+#: earlier by however long the host took to deliver it (hundreds of ms on a loaded 2-CPU host). Such an answer
+#: widens the expiry window instead of deciding it.
+AMBIGUOUS_S = 0.5
 
-    A usable answer is a 200 the proxy passed through and wrote within the engine's request timeout. The
-    engine's policy was last renewed at the first time, and it applies the controller's policy again from the
-    second on. Answers to posts already in flight when a fault began, or while a controller shut down
-    gracefully, count: they did renew the policy.
+
+def _outage(suite: FaultSuite, t_fault: float, healed: float, timeout_s: float = REATTACH_BOUND_S + 5
+            ) -> tuple[float, float, float]:
+    """(last answer surely used, last answer possibly used) before, and first usable answer after, the engine's
+    longest wait that ends after ``t_fault``, once an answer after ``healed`` exists.
+
+    A usable answer is a 200 the proxy passed through and wrote within the engine's request timeout; it is
+    surely used when written more than :data:`AMBIGUOUS_S` inside that timeout. The engine's policy was last
+    renewed between the first two times, and it applies the controller's policy again from the third on.
+    Answers to posts already in flight when a fault began, or while a controller shut down gracefully, count:
+    they did renew the policy.
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        times = sorted(done for got, done, status, fault in list(suite.proxy.answers)
-                       if done >= t_fault - 2.0 and fault is Fault.PASS and status == 200
-                       and done - got < REQUEST_TIMEOUT_S)
+        answers = sorted((done, done - got < REQUEST_TIMEOUT_S - AMBIGUOUS_S)
+                         for got, done, status, fault in list(suite.proxy.answers)
+                         if done >= t_fault - 2.0 and fault is Fault.PASS and status == 200
+                         and done - got < REQUEST_TIMEOUT_S)
+        times = [done for done, _ in answers]
         if times and times[-1] > healed or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     gaps = [pair for pair in itertools.pairwise(times) if pair[1] > t_fault]
     assert gaps and gaps[-1][1] > healed, "the engine got no controller answer on one side of the fault"
-    return max(gaps, key=lambda pair: pair[1] - pair[0])
+    possibly, back_at = max(gaps, key=lambda pair: pair[1] - pair[0])
+    surely = max((done for done, sure in answers if sure and done <= possibly), default=possibly)
+    return surely, possibly, back_at
 
 
 def _reattached_at(suite: FaultSuite, since: float, timeout_s: float) -> float | None:
@@ -191,16 +204,17 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, applied_k: int | No
     attached = _reattached_at(suite, t_heal, REATTACH_BOUND_S + 5)
     report.reattach_s = None if attached is None else attached - t_heal
     # the engine applies the controller's policy again from its first usable answer after the heal
-    last_answer, back_at = _outage(suite, t_fault, t_heal)
+    last_answer, last_possible, back_at = _outage(suite, t_fault, t_heal)
     steps = _steps_delivered(suite, t_fault - 1.0, back_at + 3.0)
     _check_requests(suite, report, t_fault)
 
     during = [s for s in steps if t_fault <= s.start < back_at]
     report.notes["last_answer_s"] = round(last_answer - t_fault, 3)
+    report.notes["last_possible_answer_s"] = round(last_possible - t_fault, 3)
     report.notes["back_at_s"] = round(back_at - t_fault, 3)
     _record_step_times(report, during, baseline)
     if applied_k is None:
-        _check_hold_then_static(report, steps, t_fault, last_answer, back_at)
+        _check_hold_then_static(report, steps, t_fault, last_answer, last_possible, back_at)
     else:
         _check_clamped(suite, report, steps, t_fault, back_at, applied_k)
     back = [s for s in steps if s.start > back_at and s.depth == PINNED_K]
@@ -217,10 +231,10 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, applied_k: int | No
 
 
 def _check_hold_then_static(report: PhaseReport, steps: list[EngineStep], t_fault: float, last_answer: float,
-                            healed: float) -> None:
+                            last_possible: float, healed: float) -> None:
     """Policy held until it expired (TTL after receipt), static config from the next step on."""
     earliest = last_answer + POLICY_TTL_S  # the engine received the answer after the proxy wrote it
-    latest = earliest + RECEIPT_SLACK_S
+    latest = last_possible + POLICY_TTL_S + RECEIPT_SLACK_S
     report.expiry_s = earliest - t_fault
     static = [s for s in steps if s.start >= t_fault and s.depth == K_MAX]
     report.fallback_s = static[0].start - t_fault if static else None
@@ -371,7 +385,7 @@ def test_controller_restarted_mid_load(suite):
                         learned_request_steps_after=_request_steps(suite))
     attached = _reattached_at(suite, ready, REATTACH_BOUND_S + 5)
     report.reattach_s = None if attached is None else attached - ready
-    last_answer, back_at = _outage(suite, t0, ready)
+    last_answer, last_possible, back_at = _outage(suite, t0, ready)
     steps = _steps_delivered(suite, t0 - 1.0, back_at + 3.0)
     report.mean_k_during = _mean_k(suite, t0, ready)
     _check_requests(suite, report, t0)
@@ -381,7 +395,7 @@ def test_controller_restarted_mid_load(suite):
     # held until expiry; static only for steps started after it (if the restart outlasted the TTL)
     report.expiry_s = last_answer + POLICY_TTL_S - t0
     early = [s for s in during if s.start < last_answer + POLICY_TTL_S and s.depth != PINNED_K]
-    late = [s for s in during if s.start >= last_answer + POLICY_TTL_S + RECEIPT_SLACK_S and s.depth != K_MAX]
+    late = [s for s in during if s.start >= last_possible + POLICY_TTL_S + RECEIPT_SLACK_S and s.depth != K_MAX]
     back = [s for s in steps if s.start > back_at and s.depth == PINNED_K]
     report.pinned_again_s = back[0].start - ready if back else None
     report.fallback_s = next((s.start - t0 for s in during if s.depth == K_MAX), None)
