@@ -5,7 +5,7 @@
 ``n_c`` the step's requests per category, ``E_c(K)`` the expected tokens a request of category c commits when it
 verifies K drafts (1 + the expected accepted drafts), ``T(b, K)`` the step time of the batch bucket b at width
 K (:mod:`.cells`), and the margin shrinks with the steps measured in both cells: a width above 0 must beat plain
-decoding *by measurement* before it is used. O(categories x widths), no allocation beyond one tuple per call.
+decoding *by measurement* before it is used. O(categories x widths), one list of values per call.
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def choose_width(
     """The width rule for one step. ``widths`` ascending with 0 first; ``step_s[i]``/``steps[i]`` the cell's
     step time and measured steps at ``widths[i]`` for this step's batch bucket; ``curves[c][K]`` = E_c(K)
     (a category without a curve uses ``default_curve``; a curve shorter than K is extended flat)."""
-    values = width_values(mix, curves, widths, step_s, default_curve)
+    return _pick(width_values(mix, curves, widths, step_s, default_curve), widths, steps)
+
+
+def _pick(values: Sequence[float], widths: Sequence[int], steps: Sequence[float]) -> WidthChoice:
+    """The rule on the values of :func:`width_values`: the best width that beats K = 0 by its margin."""
     plain = values[0]
     if plain <= 0:
         return WidthChoice(width=0, value=0.0, plain_value=0.0)
@@ -146,8 +150,8 @@ def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapp
     its fast acceptance blend aside), not one of their own."""
     b = max(int(batch), 1)
     step_s, steps = view.row(b)
-    choice = choose_width(mix, curves, view.widths, step_s, steps, default_curve)
     values = width_values(mix, curves, view.widths, step_s, default_curve)
+    choice = _pick(values, view.widths, steps)
     rows = tuple(WidthRow(width=k, step_s=step_s[i], steps=steps[i], goodput=values[i])
                  for i, k in enumerate(view.widths))
     return WidthPlan(width=choice.width, batch=b, rows=rows)
