@@ -104,6 +104,10 @@ def scored_methods(engine: EngineSpec) -> tuple[str, ...]:
     return tuple(methods)
 
 
+#: The hook's four sections, in the order they run in a step (per-section totals in the overhead log line).
+SECTIONS = ("before", "after", "observe", "finish")
+
+
 @dataclass
 class HookStats:
     """Cost of the patch in the engine loop, for the overhead benchmark and logs."""
@@ -116,20 +120,38 @@ class HookStats:
     draft_ns: int = 0  # model-free drafting for categories that use it (a drafter's cost, not overhead)
     #: batch size -> [steps, hook ns, wall ns]
     by_batch: dict[int, list[int]] = field(default_factory=dict)
-    #: busy back-to-back steps: [steps, hook ns, seconds between step ends] (the step's cost under async scheduling)
-    busy: list[float] = field(default_factory=lambda: [0, 0, 0.0])
-    busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0])  # the same for batches of 128+
+    #: busy back-to-back steps: [steps, hook ns, seconds between step ends, hook thread-CPU ns] (the step's
+    #: cost under async scheduling). Wall ns include the time the engine thread waited for the GIL inside the
+    #: hook (vLLM's own I/O threads take it mid-step); thread-CPU ns are the work the hook itself did.
+    busy: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0])
+    busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0])  # the same for batches of 128+
+    #: batches of 128+: wall ns per section (SECTIONS order), to say where the hook's time goes
+    sections_large: list[int] = field(default_factory=lambda: [0] * len(SECTIONS))
 
-    def record_busy(self, batch: int, hook_ns: int, interval_s: float) -> None:
+    def record_busy(self, batch: int, hook_ns: int, interval_s: float, cpu_ns: int = 0,
+                    sections: list[int] | None = None) -> None:
         for acc in (self.busy, self.busy_large) if batch >= 128 else (self.busy,):
             acc[0] += 1
             acc[1] += hook_ns
             acc[2] += interval_s
+            acc[3] += cpu_ns
+        if batch >= 128 and sections is not None:
+            for i, ns in enumerate(sections):
+                self.sections_large[i] += ns
 
     def overhead_line(self) -> str:
         def share(acc: list[float]) -> str:
-            return f"{100 * acc[1] / 1e9 / acc[2]:.2f} % of {int(acc[0])} steps" if acc[2] > 0 else "no steps"
-        return f"hook {share(self.busy)}; at batch >= 128: {share(self.busy_large)}"
+            if acc[2] <= 0:
+                return "no steps"
+            return (f"{100 * acc[1] / 1e9 / acc[2]:.2f} % of {int(acc[0])} steps "
+                    f"(thread CPU {100 * acc[3] / 1e9 / acc[2]:.2f} %)")
+
+        line = f"hook {share(self.busy)}; at batch >= 128: {share(self.busy_large)}"
+        steps = self.busy_large[0]
+        if steps > 0:
+            per_step = ", ".join(f"{name} {ns / steps / 1e3:.0f}" for name, ns in zip(SECTIONS, self.sections_large))
+            line += f"; us per step there: {per_step}"
+        return line
 
     def record(self, batch: int, hook_ns: int, wall_ns: int) -> None:
         self.steps += 1
@@ -146,12 +168,15 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "cf_ns", "depth", "draft_ns", "hook_ns", "mix", "output", "t0", "table", "width")
+    __slots__ = ("agg", "cf_ns", "cpu_ns", "depth", "draft_ns", "hook_ns", "mix", "output", "sections", "t0",
+                 "table", "width")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
         self.t0 = t0
         self.hook_ns = 0
+        self.cpu_ns = 0  # thread CPU time of the hook's sections
+        self.sections = [0] * len(SECTIONS)  # wall ns per section
         self.cf_ns = 0  # counterfactual scoring, within hook_ns
         self.draft_ns = 0  # model-free drafting, within hook_ns
         self.depth = 0
@@ -177,6 +202,7 @@ class SpecHook:
         validate_drafts: Callable[[Any, list[int]], list[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         perf_ns: Callable[[], int] = time.perf_counter_ns,
+        cpu_ns: Callable[[], int] = time.thread_time_ns,
     ) -> None:
         self.engine = engine
         self.holder = holder
@@ -191,6 +217,7 @@ class SpecHook:
         self.validate_drafts = validate_drafts
         self.clock = clock
         self.perf_ns = perf_ns
+        self.cpu_ns = cpu_ns
         self.stats = HookStats()
         self._categories: set[str] = {protocol.DEFAULT_CATEGORY}
         self._next: _Step | None = None  # built by before_schedule, claimed by after_schedule
@@ -232,7 +259,9 @@ class SpecHook:
         if cat_rule.probe is not None and probe_selected(request.request_id, cat_rule.probe_rate):
             rule = cat_rule.probe
         state.rule = rule
-        state.adaptive = not rule.fixed
+        # Graph-shaped steps verify the step's width whatever a request's own k is, so that k is not adapted
+        # there (one call per request per step the width rule would never read).
+        state.adaptive = not rule.fixed and self.widths is None
         state.adapt = RequestK(k=rule.k)
         # Drafts a request verifies under an 'off' rule come from the engine's drafter: a graph-shaped step
         # pads every request to the step's width, whatever its category decided.
@@ -243,12 +272,13 @@ class SpecHook:
     # -- before schedule() -----------------------------------------------------------------------------
 
     def before_schedule(self, running: Sequence[Any]) -> None:
+        c0 = self.cpu_ns()
         t0 = self.perf_ns()
         table = self.holder.current(self.clock())
         step = _Step(t0, table)
         if self.widths is not None:
             self._before_graph_step(running, table, step)
-            step.hook_ns = self.perf_ns() - t0
+            self._close(step, 0, t0, c0)
             self._next = step
             return
         static = table.is_static
@@ -274,7 +304,7 @@ class SpecHook:
         step.depth = depth
         if self.cf_methods and self._cf_credit_ns > 0 and running:
             self._score_counterfactual(running, step)
-        step.hook_ns = self.perf_ns() - t0
+        self._close(step, 0, t0, c0)
         self._next = step
 
     def _before_graph_step(self, running: Sequence[Any], table: PolicyTable, step: _Step) -> None:
@@ -373,6 +403,7 @@ class SpecHook:
         self._next = None
         if step is None:
             return
+        c = self.cpu_ns()
         t = self.perf_ns()
         step.output = output
         table = step.table
@@ -404,11 +435,12 @@ class SpecHook:
         else:
             step.depth = getattr(output, "num_spec_tokens_to_schedule", self.engine.k_max)
         self._inflight.append(step)
-        step.hook_ns += self.perf_ns() - t
+        self._close(step, 1, t, c)
 
     # -- around update_from_output() --------------------------------------------------------------------
 
     def observe(self, output: Any, runner_output: Any, requests: Mapping[str, Any]) -> None:
+        c = self.cpu_ns()
         t = self.perf_ns()
         step = None
         while self._inflight:  # steps complete in the order they were scheduled
@@ -478,13 +510,14 @@ class SpecHook:
             if generated and state.adaptive:
                 next_k(state.adapt, 0, 0, state.rule.adapt)
         step.output = draft_tokens  # the output object is no longer needed; keep the count
-        step.hook_ns += self.perf_ns() - t
+        self._close(step, 2, t, c)
 
     def finish(self, output: Any) -> None:
         step = self._current
         self._current = None
         if step is None:
             return
+        c = self.cpu_ns()
         t = self.perf_ns()
         batch = len(output.num_scheduled_tokens)
         scheduled = output.total_num_scheduled_tokens
@@ -510,6 +543,8 @@ class SpecHook:
                 interval_s=interval,
             ))
         end = self.perf_ns()
+        step.sections[3] = end - t
+        step.cpu_ns += self.cpu_ns() - c
         wall_ns = end - step.t0
         hook_ns = step.hook_ns + (end - t)
         if self.cf_methods:
@@ -519,10 +554,17 @@ class SpecHook:
             self._cf_credit_ns = min(max(credit, -CF_CREDIT_CAP_NS), CF_CREDIT_CAP_NS)
         self.stats.record(batch, hook_ns, wall_ns)
         if interval is not None:
-            self.stats.record_busy(batch, hook_ns, interval)
+            self.stats.record_busy(batch, hook_ns, interval, step.cpu_ns, step.sections)
         if now - self._last_log >= OVERHEAD_LOG_EVERY_S:
             self._last_log = now
             logger.info("specctl: overhead since start: %s", self.stats.overhead_line())
+
+    def _close(self, step: _Step, section: int, t: int, c: int) -> None:
+        """Charge one section (started at perf ``t``, thread CPU ``c``) to the step."""
+        spent = self.perf_ns() - t
+        step.hook_ns += spent
+        step.sections[section] += spent
+        step.cpu_ns += self.cpu_ns() - c
 
     # -- helpers for tests and the benchmark -----------------------------------------------------------
 

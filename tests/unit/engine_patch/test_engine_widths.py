@@ -128,6 +128,42 @@ def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
 
     stats = HookStats()
     assert stats.overhead_line() == "hook no steps; at batch >= 128: no steps"
-    stats.record_busy(4, 10_000, 0.005)  # 10 us of hook in a 5 ms step
-    stats.record_busy(256, 100_000, 0.025)
-    assert stats.overhead_line() == "hook 0.37 % of 2 steps; at batch >= 128: 0.40 % of 1 steps"
+    stats.record_busy(4, 10_000, 0.005, 5_000)  # 10 us of hook (5 us of its thread's CPU) in a 5 ms step
+    stats.record_busy(256, 100_000, 0.025, 50_000, [40_000, 20_000, 30_000, 10_000])
+    assert stats.overhead_line() == (
+        "hook 0.37 % of 2 steps (thread CPU 0.18 %); at batch >= 128: 0.40 % of 1 steps (thread CPU 0.20 %); "
+        "us per step there: before 40, after 20, observe 30, finish 10")
+
+
+def test_hook_charges_each_section_its_wall_and_thread_cpu_time() -> None:
+    """Each section reads both clocks once at its start and once at its end: on a wall clock that ticks 1 us
+    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick."""
+    from itertools import count
+
+    rig = Rig(GRAPH, correct={"json": 7})
+    cpu = count(0, 500)
+    rig.hook.cpu_ns = lambda: next(cpu)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    for i in range(130):
+        rig.add(f"j{i}", "json")
+    widths_seen(rig, 6)
+    stats = rig.hook.stats
+    steps = stats.busy_large[0]
+    assert steps >= 4
+    assert stats.sections_large == [1_000 * steps] * 4
+    assert stats.busy_large[3] == 4 * 500 * steps
+
+
+def test_graph_shaped_steps_do_not_adapt_a_requests_own_k() -> None:
+    """Every request verifies the step's width, so a rejected request keeps its rule's k and every step still
+    verifies one width for all (on a per-request engine the same rejections drop its k to 0 at once)."""
+    from specctl_vllm.engine_patch.hook import STATE_ATTR
+
+    rig = Rig(GRAPH, correct={"chat": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), chat=CP(k=4, expected=HIGH,
+                                                       adapt=protocol.AdaptRule(k_min=0, k_max=7)))
+    requests = [rig.add(f"c{i}", "chat", max_tokens=60) for i in range(4)]
+    seen = widths_seen(rig, 10)
+    assert all(len(s) <= 1 for s in seen)
+    state = getattr(requests[0], STATE_ATTR)
+    assert not state.adaptive and state.adapt.k == 4
