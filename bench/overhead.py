@@ -84,8 +84,9 @@ def bench_policy() -> Any:
     )
 
 
-def graph_policy() -> Any:
-    """A graph-shaped engine's policy: E_c(K) per category and an H200-like cell table for the width rule."""
+def graph_policy(flat_cells: bool = False) -> Any:
+    """A graph-shaped engine's policy: E_c(K) per category and an H200-like cell table for the width rule
+    (``flat_cells``: every width costs what K = 0 costs, so every step verifies K = 7)."""
     from specctl_vllm.controller import protocol as p
     from specctl_vllm.controller.core.model.cells import BATCH_EDGES
     from specctl_vllm.controller.core.model.widths import geometric_lengths
@@ -95,7 +96,8 @@ def graph_policy() -> Any:
     curves = {"code_edit": 0.9, "summarise": 0.7, "json": 0.85, "prose": 0.45}
     cells = p.StepCells(
         batch_edges=list(BATCH_EDGES), widths=widths,
-        step_s=[[(4.5 + 0.02 * e) * (1 + 0.12 * w + 0.002 * e * w) / 1e3 for w in widths] for e in BATCH_EDGES],
+        step_s=[[(4.5 + 0.02 * e) * (1 if flat_cells else 1 + 0.12 * w + 0.002 * e * w) / 1e3 for w in widths]
+                for e in BATCH_EDGES],
         steps=[[1000.0] * len(widths) for _ in BATCH_EDGES])
     categories = {name: cp.model_copy(update={"expected": list(geometric_lengths(curves[name], 7))})
                   for name, cp in base.categories.items()}
@@ -163,7 +165,14 @@ def engine_run(model_dir: Path, sizes: list[int], tokens: int) -> list[dict[str,
 
 # -- synthetic requests ------------------------------------------------------------------------------------
 
-def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[dict[str, Any]]:
+def micro_run(sizes: list[int], steps: int = 200, graph: bool = False, engine_loop: bool = True,
+              evict_bytes: int = 0, quiet: bool = False, flat_cells: bool = False,
+              perf_ns: Any = time.process_time_ns) -> list[dict[str, Any]]:
+    """``engine_loop``: graph-shaped engines count drafted requests in vLLM's own update loop, as the runtime
+    does on every supported vLLM (False: the patch's own pass over the batch). ``evict_bytes``: between
+    ``after_schedule`` and ``observe`` (where the model runs) write a buffer of that size, so the hook meets
+    the engine's requests out of cache, as it does in a real engine process."""
+    import numpy as np
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
@@ -181,12 +190,19 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[d
     for n in sizes:
         rng = random.Random(n)
         holder = PolicyHolder(engine)
-        holder.install(graph_policy() if graph else bench_policy(), time.monotonic())
+        holder.install(graph_policy(flat_cells) if graph else bench_policy(), time.monotonic())
         # CPU time of this process, not wall time: on a shared machine a descheduled process would otherwise
         # charge other processes' work to the hook.
-        hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=time.process_time_ns)
+        hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=perf_ns)
+        hook.drafts_from_engine_loop = graph and engine_loop
         scripts: dict[str, list[int]] = {}
-        sim = SimEngine(hook, engine.k_max, None, scripts)
+        buffer = np.zeros(max(evict_bytes // 8, 1))
+
+        def evict(_output: Any, buffer: Any = buffer) -> None:
+            if evict_bytes:
+                buffer += 1.0
+
+        sim = SimEngine(hook, engine.k_max, None, scripts, execute=evict)
         sim.drafter = script_drafter(sim, lambda r, rng=rng: rng.randrange(0, 5))
         for i in range(n):
             rid = f"bench-{n}-{i}"
@@ -199,8 +215,10 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[d
             sim.step()
         hook.stats = SampledStats()
         count = max(20, steps // max(1, n // 16))
+        widths = []
         for _ in range(count):
             sim.step()
+            widths.append(sim.last_output.num_spec_tokens_to_schedule)
         stats = hook.stats
         row = {"requests": n, "steps": stats.steps,
                "hook_us_per_step": stats.hook_ns / stats.steps / 1e3,
@@ -209,10 +227,48 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False) -> list[d
                "hook_ns_per_request": (stats.hook_ns - stats.draft_ns) / stats.steps / n}
         rows.append(row)
         row["graph_shaped"] = graph
+        row["engine_loop"] = graph and engine_loop
+        row["evict_bytes"] = evict_bytes
+        row["mean_width"] = sum(widths) / len(widths)
+        if quiet:
+            continue
         print(f"micro{' graph' if graph else ''}   N={n:4d}  hook={row['hook_us_per_step']:8.1f} us/step "
               f"(drafting {row['drafting_us_per_step']:7.1f})  {row['hook_ns_per_request']:6.0f} ns/request",
               flush=True)
     return rows
+
+
+def graph_ab(sizes: list[int], rounds: int, evict_bytes: int, steps: int = 400) -> dict[str, Any]:
+    """The graph-shaped hook with drafts counted in vLLM's loop against the patch's own pass, side by side:
+    per cell table, size and round both variants run back to back (alternating which goes first); per variant
+    the median over rounds of each run's median per-step hook time, and the median of the paired ratios.
+    Timed with ``perf_counter_ns``, the engine's own clock (the vLLM-loop variant reads it twice per drafted
+    request; a CPU-time clock is a system call); per-step medians keep a descheduled step out."""
+    out: dict[str, Any] = {"rounds": rounds, "evict_bytes": evict_bytes, "timer": "perf_counter_ns",
+                           "cells": {}}
+    for cells, flat in (("h200-like", False), ("flat (K = 7)", True)):
+        table: dict[str, Any] = {}
+        for n in sizes:
+            runs: dict[bool, list[float]] = {True: [], False: []}
+            widths: dict[bool, float] = {}
+            for r in range(rounds):
+                for loop in ((True, False) if r % 2 == 0 else (False, True)):
+                    row = micro_run([n], steps=steps, graph=True, engine_loop=loop, evict_bytes=evict_bytes,
+                                    quiet=True, flat_cells=flat, perf_ns=time.perf_counter_ns)[0]
+                    runs[loop].append(row["median_hook_us_per_step"])
+                    widths[loop] = row["mean_width"]
+            ratios = sorted(a / b for a, b in zip(runs[True], runs[False]))
+            entry = {"mean_width": widths[True], "engine_loop_us": median(runs[True]),
+                     "patch_pass_us": median(runs[False]), "engine_loop_runs_us": runs[True],
+                     "patch_pass_runs_us": runs[False], "ratio_median": median(ratios), "ratio_min": ratios[0],
+                     "ratio_max": ratios[-1]}
+            table[str(n)] = entry
+            print(f"graph A/B {cells:13s} N={n:4d} width {entry['mean_width']:.1f}: vLLM loop "
+                  f"{entry['engine_loop_us']:7.1f} us/step, patch pass {entry['patch_pass_us']:7.1f} us/step, "
+                  f"ratio {entry['ratio_median']:.2f} ({entry['ratio_min']:.2f}-{entry['ratio_max']:.2f}, "
+                  f"{rounds} pairs)", flush=True)
+        out["cells"][cells] = table
+    return out
 
 
 def combine(engine_rows: list[dict], micro_rows: list[dict]) -> list[dict[str, Any]]:
@@ -238,17 +294,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-micro", action="store_true")
     parser.add_argument("--graph", action="store_true",
-                        help="micro runs only, of a graph-shaped engine (one width per step, the width rule)")
+                        help="micro runs only, of a graph-shaped engine (one width per step, the width rule): "
+                             "drafts counted in vLLM's loop against the patch's own pass, side by side")
+    parser.add_argument("--rounds", type=int, default=5, help="--graph: pairs of runs per size")
+    parser.add_argument("--evict-mb", type=float, default=64.0,
+                        help="--graph: MB written between schedule and update each step (the model's place)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
 
     if args.graph:
-        graph_rows = micro_run(sizes, graph=True)
+        evict = int(args.evict_mb * 2**20)
+        ab = graph_ab(sizes, args.rounds, evict)
         GRAPH_RESULTS.parent.mkdir(parents=True, exist_ok=True)
         GRAPH_RESULTS.write_text(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                              "timer": "process_time_ns (CPU time of the process)",
-                                             "micro_graph": graph_rows}, indent=1))
+                                             "load_average": os.getloadavg(), "graph_ab": ab}, indent=1))
         print(f"wrote {GRAPH_RESULTS}")
         return 0
 

@@ -26,6 +26,11 @@ per scheduled request, drafted = scheduled drafts − grammar-invalid drafts and
 1 (vLLM's own arithmetic, so the sums reconcile with ``vllm:spec_decode_num_*_tokens_total``); aggregate per
 (category, method) into accepted-count histograms; advance the request's k with
 :func:`specctl_vllm.controller.adapt.next_k`; push one :class:`~specctl_vllm.engine_patch.telemetry.StepRow`.
+Graph-shaped engines make no pass of their own: vLLM's ``update_from_output`` already walks the batch and calls
+``make_spec_decoding_stats`` once per drafted request with the drafts and accepted tokens its counters count;
+the scheduler mixin forwards each call to :meth:`SpecHook.on_spec_stats`, and ``finish`` counts the step's
+requests that verified nothing from the step's mix (on the GPU the second pass over a cache-cold batch was two
+thirds of the hook's cost at 256 requests).
 
 Placeholder padding (vLLM pads a request admitted with exactly one new token to ``1 + num_spec_tokens``
 with placeholder drafts, ignoring any cap) is disabled by the scheduler at start-up, see
@@ -168,8 +173,8 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "cf_ns", "cpu_ns", "depth", "draft_ns", "hook_ns", "mix", "output", "sections", "t0",
-                 "table", "width")
+    __slots__ = ("agg", "cf_ns", "cpu_ns", "depth", "draft_ns", "engine_loop", "hook_ns", "mix", "output",
+                 "sections", "spec_ns", "t0", "table", "width")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
@@ -184,6 +189,8 @@ class _Step:
         self.agg: Aggregate = {}
         self.width: int | None = None  # graph-shaped: the width this step verifies
         self.mix: dict[str, int] | None = None  # graph-shaped: requests per category
+        self.engine_loop = False  # drafted requests are counted from vLLM's own update loop (on_spec_stats)
+        self.spec_ns = 0  # time spent in on_spec_stats, charged to the observe section in finish
 
 
 class SpecHook:
@@ -226,6 +233,10 @@ class SpecHook:
         self._cf_credit_ns = 0.0
         self._cf_cursor = 0
         self.widths = WidthChooser(engine.graph_widths, engine.k_max) if engine.graph_widths else None
+        #: Graph-shaped engines whose scheduler calls ``make_spec_decoding_stats`` per drafted request (every
+        #: supported vLLM; the runtime checks it at start-up): the drafted requests are counted there, inside
+        #: vLLM's own pass over the batch, and ``observe`` makes no pass of its own.
+        self.drafts_from_engine_loop = False
         self._last_end: float | None = None
         self._last_log = clock()
 
@@ -454,6 +465,11 @@ class SpecHook:
         table = step.table
         agg = step.agg
         sched_spec = output.scheduled_spec_decode_tokens
+        if self.drafts_from_engine_loop and step.mix is not None:
+            step.engine_loop = True
+            step.output = sum(map(len, sched_spec.values())) if sched_spec else 0
+            self._close(step, 2, t, c)
+            return
         invalid = getattr(output, "num_invalid_spec_tokens", None)
         sampled = runner_output.sampled_token_ids
         index = runner_output.req_id_to_index
@@ -512,6 +528,51 @@ class SpecHook:
         step.output = draft_tokens  # the output object is no longer needed; keep the count
         self._close(step, 2, t, c)
 
+    def on_spec_stats(self, request: Any, request_id: str, num_draft_tokens: int, num_accepted_tokens: int,
+                      invalid: Mapping[str, int] | None) -> None:
+        """One drafted request of the current step, from vLLM's ``make_spec_decoding_stats`` (called inside its
+        ``update_from_output`` loop for exactly the drafts its counters count, so the sums reconcile by
+        construction). Graph-shaped steps only; no per-request k to adapt there."""
+        step = self._current
+        if step is None or not step.engine_loop or request is None:
+            return
+        t = self.perf_ns()
+        state = request.__dict__.get(STATE_ATTR)
+        if state is None:
+            state = self.state_of(request, step.table)
+        drafted = num_draft_tokens - invalid.get(request_id, 0) if invalid else num_draft_tokens
+        accepted = min(drafted, num_accepted_tokens)  # vLLM: max(len(sampled) - num_sampled, 0)
+        key = state.key_on
+        agg = step.agg
+        entry = agg.get(key)
+        if entry is None:
+            entry = agg[key] = new_entry()
+        entry.requests += 1
+        if drafted > 0:
+            bucket = entry.hists.get(drafted)
+            if bucket is None:
+                bucket = entry.hists[drafted] = [0] * (drafted + 1)
+            bucket[accepted] += 1
+        step.spec_ns += self.perf_ns() - t
+
+    def _count_undrafted(self, step: _Step, batch: int) -> None:
+        """Engine-loop steps: the step's requests that verified no drafts (prefill chunks, K = 0), per category
+        from the step's mix, under the category's 'off' key; never more than the batch holds."""
+        drafted: dict[str, int] = {}
+        for (category, _method), entry in step.agg.items():
+            drafted[category] = drafted.get(category, 0) + entry.requests
+        left = batch - sum(drafted.values())
+        for category, n in sorted(step.mix.items(), key=lambda kv: -kv[1]):
+            rest = min(n - drafted.get(category, 0), left)
+            if rest <= 0:
+                continue
+            key = (category, protocol.METHOD_OFF)
+            entry = step.agg.get(key)
+            if entry is None:
+                entry = step.agg[key] = new_entry()
+            entry.requests += rest
+            left -= rest
+
     def finish(self, output: Any) -> None:
         step = self._current
         self._current = None
@@ -520,6 +581,11 @@ class SpecHook:
         c = self.cpu_ns()
         t = self.perf_ns()
         batch = len(output.num_scheduled_tokens)
+        if step.engine_loop:
+            step.hook_ns += step.spec_ns
+            step.sections[2] += step.spec_ns
+            step.cpu_ns += step.spec_ns  # no clock of thread CPU per request: its wall time (no I/O, no lock)
+            self._count_undrafted(step, batch)
         scheduled = output.total_num_scheduled_tokens
         draft_tokens = step.output if isinstance(step.output, int) else 0
         now = self.clock()

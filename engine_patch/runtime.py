@@ -1,6 +1,6 @@
 """The patch's runtime inside one EngineCore, and the scheduler mixin that drives it (no vLLM import here).
 
-:class:`SpecctlMixin` overrides four scheduler methods and calls the parent in each; the work sits in
+:class:`SpecctlMixin` overrides five scheduler methods and calls the parent in each; the work sits in
 :class:`specctl_vllm.engine_patch.hook.SpecHook`. Every hook call is guarded: an exception is logged once per hook,
 counted, and that step runs exactly as vLLM would; after ``SPECCTL_ERROR_LIMIT`` failures the patch turns
 itself off for the engine's lifetime. Nothing in the patch can raise into vLLM's loop.
@@ -14,6 +14,7 @@ left in place and is what the engine falls back to.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from typing import Any
@@ -96,6 +97,27 @@ def served_model_name(vllm_config: Any) -> str:
     return str(name)[:256]
 
 
+#: vLLM's per-drafted-request call inside ``update_from_output`` (0.26-0.33), as the patch overrides it.
+SPEC_STATS_PARAMS = ("self", "spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens",
+                     "num_invalid_spec_tokens", "request_id")
+
+
+def engine_loop_counts_drafts(scheduler_cls: type) -> bool:
+    """Whether the installed vLLM scheduler calls ``make_spec_decoding_stats`` (with the parameters the patch
+    overrides) from its ``update_from_output``: checked against the installed code, not the version number."""
+    for cls in scheduler_cls.__mro__:
+        if not cls.__module__.startswith("vllm.") or "update_from_output" not in cls.__dict__:
+            continue
+        method = getattr(cls, "make_spec_decoding_stats", None)
+        try:
+            params = tuple(inspect.signature(method).parameters) if method is not None else ()
+            source = inspect.getsource(cls.__dict__["update_from_output"])
+        except (OSError, TypeError, ValueError):
+            return False
+        return params == SPEC_STATS_PARAMS and "self.make_spec_decoding_stats(" in source
+    return False
+
+
 def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> SpecctlRuntime:
     settings = settings or load_settings()
     config = scheduler.vllm_config
@@ -118,6 +140,7 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         num_sampled_per_step=getattr(scheduler, "num_sampled_tokens_per_step", 1),
         validate_drafts=validator,
     )
+    hook.drafts_from_engine_loop = bool(engine.graph_widths) and engine_loop_counts_drafts(type(scheduler))
     reporter = None
     if settings.reporting_enabled:
         rank = getattr(config.parallel_config, "data_parallel_rank", 0) or 0
@@ -130,9 +153,11 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         reporter = Reporter(settings, queue, holder, identity)
         reporter.start()
     logger.info(
-        "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s graph widths=%s, controller=%s)",
+        "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s graph widths=%s, drafts counted "
+        "in %s, controller=%s)",
         engine.method, engine.k_max, async_mode, ",".join(engine.model_free_methods) or "-",
         ",".join(map(str, engine.graph_widths)) or "per-request k",
+        "vLLM's update loop" if hook.drafts_from_engine_loop else "the patch's pass",
         settings.controller_url if reporter else "off",
     )
     return SpecctlRuntime(hook, reporter, settings.error_limit)
@@ -184,6 +209,18 @@ class SpecctlMixin:
             except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("finish")
         return outputs
+
+    def make_spec_decoding_stats(self, spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
+                                 num_invalid_spec_tokens: Any, request_id: str) -> Any:
+        rt = self._specctl
+        if rt is not None and rt.enabled and rt.hook.drafts_from_engine_loop:
+            try:
+                rt.hook.on_spec_stats(self.requests.get(request_id), request_id, num_draft_tokens,
+                                      num_accepted_tokens, num_invalid_spec_tokens)
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
+                rt.failed("observe")
+        return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                                num_invalid_spec_tokens, request_id)
 
     def shutdown(self, *args: Any, **kwargs: Any) -> Any:
         try:

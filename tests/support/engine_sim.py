@@ -149,6 +149,11 @@ class SimEngine:
                 truth.per_request_drafts[rid] = len(spec)
         runner = SimRunnerOutput(index, sampled)
         hook.observe(output, runner, self.requests)
+        if getattr(hook, "drafts_from_engine_loop", False):  # vLLM's update loop: make_spec_decoding_stats
+            for rid, tokens in zip(num_sched, sampled):
+                spec = spec_sched.get(rid)
+                if spec and tokens:
+                    hook.on_spec_stats(self.requests.get(rid), rid, len(spec), max(len(tokens) - 1, 0), invalid)
         for rid, tokens in zip(num_sched, sampled):
             r = self.requests[rid]
             r.append_output_token_ids(tokens)

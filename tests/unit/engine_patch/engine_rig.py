@@ -37,7 +37,8 @@ class Rig:
     """A hook wired to a simulated engine whose drafter is right for the first ``correct`` tokens."""
 
     def __init__(self, engine: EngineSpec = NGRAM4, *, async_mode: bool = False, budget: float = 0.0,
-                 correct: dict[str, int] | None = None, max_categories: int = 24) -> None:
+                 correct: dict[str, int] | None = None, max_categories: int = 24,
+                 engine_loop: bool | None = None) -> None:
         self.clock = FakeClock()
         self.perf = StepPerf()
         self.holder = PolicyHolder(engine)
@@ -45,6 +46,8 @@ class Rig:
         self.hook = SpecHook(engine, self.holder, self.queue, async_mode=async_mode,
                              overhead_budget=budget, max_categories=max_categories, clock=self.clock,
                              perf_ns=self.perf)
+        # as the runtime sets it on every supported vLLM: graph-shaped engines count drafts in vLLM's loop
+        self.hook.drafts_from_engine_loop = bool(engine.graph_widths) if engine_loop is None else engine_loop
         self.scripts: dict[str, list[int]] = {}
         self.sim = SimEngine(self.hook, engine.k_max, None, self.scripts, execute=self._execute)
         correct = correct or {}

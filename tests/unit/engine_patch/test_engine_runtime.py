@@ -38,6 +38,11 @@ class Parent:
     def shutdown(self):
         self.calls.append("shutdown")
 
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        self.calls.append(f"stats {request_id} {num_draft_tokens} {num_accepted_tokens}")
+        return "stats"
+
 
 def config(method: str | None = "ngram", k: int = 4, async_scheduling: bool = False):
     spec = SimpleNamespace(method=method, num_speculative_tokens=k) if method else None
@@ -167,3 +172,43 @@ def test_the_flag_travels_in_the_spec() -> None:
     cfg.device_config = SimpleNamespace(device_type="cuda")
     cfg.compilation_config = SimpleNamespace(cudagraph_mode=_Mode(True))
     assert engine_spec(cfg, 3, False).to_protocol().full_cuda_graphs is True
+
+
+def test_vllms_own_update_loop_is_recognised_where_it_counts_drafts() -> None:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert runtime.engine_loop_counts_drafts(Scheduler) and runtime.engine_loop_counts_drafts(AsyncScheduler)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        return {}  # counts its drafts some other way
+
+    def stats(self, stats, num_draft_tokens, num_accepted_tokens, request_id):
+        return stats
+
+    elsewhere = type("Scheduler", (), {"__module__": "vllm.v1.core.sched.other",
+                                       "update_from_output": update_from_output,
+                                       "make_spec_decoding_stats": Scheduler.make_spec_decoding_stats})
+    assert not runtime.engine_loop_counts_drafts(elsewhere)
+    reshaped = type("Scheduler", (Scheduler,), {"__module__": "vllm.v1.core.sched.other",
+                                                "update_from_output": Scheduler.update_from_output,
+                                                "make_spec_decoding_stats": stats})
+    assert not runtime.engine_loop_counts_drafts(reshaped)
+    assert not runtime.engine_loop_counts_drafts(Patched)  # no vLLM class in its MRO
+
+
+def test_drafts_reach_the_hook_from_vllms_loop_and_vllm_keeps_its_stats(caplog) -> None:
+    s = Patched()
+    seen = []
+    s._specctl.hook.drafts_from_engine_loop = True
+    s._specctl.hook.on_spec_stats = lambda *args: seen.append(args)
+    s.requests = {"r1": "request r1"}
+    assert s.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=2,
+                                      num_invalid_spec_tokens=None, request_id="r1") == "stats"
+    assert seen == [("request r1", "r1", 4, 2, None)] and s.calls == ["stats r1 4 2"]
+    s._specctl.hook.drafts_from_engine_loop = False  # the patch's own pass counts them: nothing in vLLM's loop
+    assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats" and len(seen) == 1
+    s._specctl.hook = Exploding()
+    with caplog.at_level(logging.ERROR, logger="vllm.specctl.engine"):
+        assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats"
+    assert s._specctl.errors == {"observe": 1}

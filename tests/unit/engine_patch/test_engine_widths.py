@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from engine_rig import Rig
 
 from specctl_vllm.controller import protocol
@@ -135,23 +136,36 @@ def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
         "us per step there: before 40, after 20, observe 30, finish 10")
 
 
-def test_hook_charges_each_section_its_wall_and_thread_cpu_time() -> None:
+@pytest.mark.parametrize("engine_loop", [False, True])
+def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: bool) -> None:
     """Each section reads both clocks once at its start and once at its end: on a wall clock that ticks 1 us
-    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick."""
+    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick. Drafts
+    counted in vLLM's loop cost one wall tick per drafted request, charged to observe (and to thread CPU)."""
     from itertools import count
 
-    rig = Rig(GRAPH, correct={"json": 7})
+    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=engine_loop)
     cpu = count(0, 500)
     rig.hook.cpu_ns = lambda: next(cpu)
+    calls: list[str] = []
+    counted = rig.hook.on_spec_stats
+
+    def on_spec_stats(request: object, request_id: str, *args: object) -> None:
+        calls.append(request_id)
+        counted(request, request_id, *args)
+
+    rig.hook.on_spec_stats = on_spec_stats
     install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
     for i in range(130):
         rig.add(f"j{i}", "json")
-    widths_seen(rig, 6)
+    seen = widths_seen(rig, 6)
     stats = rig.hook.stats
     steps = stats.busy_large[0]
     assert steps >= 4
-    assert stats.sections_large == [1_000 * steps] * 4
-    assert stats.busy_large[3] == 4 * 500 * steps
+    # the steps after the first (prefill) one draft for every request; all but the first step are busy steps
+    spec_ticks = 1_000 * len(calls) if engine_loop else 0
+    assert (len(calls) > 0) == engine_loop and all(seen[1:])
+    assert stats.sections_large == [1_000 * steps, 1_000 * steps, 1_000 * steps + spec_ticks, 1_000 * steps]
+    assert stats.busy_large[3] == 4 * 500 * steps + spec_ticks
 
 
 def test_graph_shaped_steps_do_not_adapt_a_requests_own_k() -> None:
@@ -167,3 +181,41 @@ def test_graph_shaped_steps_do_not_adapt_a_requests_own_k() -> None:
     assert all(len(s) <= 1 for s in seen)
     state = getattr(requests[0], STATE_ATTR)
     assert not state.adaptive and state.adapt.k == 4
+
+
+def step_counts(rig: Rig) -> list[dict[str, tuple[int, dict[int, list[int]]]]]:
+    """Per queued step: category -> (request steps, drafted -> accepted histogram), summed over methods."""
+    out = []
+    for row in rig.queue.drain(100_000):
+        record = protocol.StepRecord.model_validate(row_to_wire(row))  # every row is a valid StepRecord
+        per: dict[str, tuple[int, dict[int, list[int]]]] = {}
+        for cat in record.categories:
+            requests, hists = per.get(cat.category, (0, {}))
+            for h in cat.hists:
+                merged = hists.setdefault(h.k, [0] * (h.k + 1))
+                hists[h.k] = [a + b for a, b in zip(merged, h.accepted)]
+            per[cat.category] = (requests + cat.requests, hists)
+        out.append(per)
+    return out
+
+
+def test_drafts_counted_in_vllms_loop_match_the_patchs_own_pass() -> None:
+    """The two ways a graph-shaped step is counted give the same request steps and the same histograms, step
+    by step and per category, with grammar-invalid drafts, requests that finish and join, and width changes."""
+    runs = []
+    for engine_loop in (False, True):
+        rig = Rig(GRAPH, correct={"json": 7, "prose": 1, "code": 3}, engine_loop=engine_loop)
+        install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW),
+                code=CP(k=4, expected=list(geometric_lengths(0.6, 7))))
+        rig.sim.invalid = lambda rid, spec: 1 if rid.startswith("c") and len(spec) > 2 else 0
+        for i in range(12):
+            rig.add(f"{'jpc'[i % 3]}{i}", ("json", "prose", "code")[i % 3], max_tokens=20 + 3 * i)
+        truths = [rig.sim.step() for _ in range(30)]
+        for i in range(6):  # late joiners: their prefill steps verify no drafts
+            rig.add(f"late{i}", "json", max_tokens=15)
+        truths += [rig.sim.step() for _ in range(30)]
+        runs.append((step_counts(rig), truths))
+    (passed, truths), (looped, _) = runs
+    assert looped == passed
+    drafted = sum(n for step in looped for _, hists in step.values() for counts in hists.values() for n in counts)
+    assert drafted == sum(t.drafts for t in truths) > 0
