@@ -501,6 +501,15 @@ CHECKS: tuple[Check, ...] = (
           "SpecctlMixin.update_from_output (hook.observe / hook.finish)",
           has_method(SCHED, S, "update_from_output", ("self", "scheduler_output", "model_runner_output"),
                      accepts_any=True)),
+    Check("Scheduler.make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, "
+          "num_invalid_spec_tokens, request_id)",
+          "SpecctlMixin.make_spec_decoding_stats forwards each drafted request (graph-shaped steps)",
+          has_method(SCHED, S, "make_spec_decoding_stats", ("self", "spec_decoding_stats", "num_draft_tokens",
+                                                            "num_accepted_tokens", "num_invalid_spec_tokens",
+                                                            "request_id"))),
+    Check("update_from_output calls self.make_spec_decoding_stats", "hook.on_spec_stats runs in vLLM's loop",
+          in_method(SCHED, S, "update_from_output", "self.make_spec_decoding_stats(...) call",
+                    calls("self.make_spec_decoding_stats"))),
     Check("Scheduler.shutdown(self)", "SpecctlMixin.shutdown stops the reporter",
           has_method(SCHED, S, "shutdown", accepts_any=True)),
     # Scheduler state the patch reads or writes.
