@@ -132,9 +132,10 @@ class HookStats:
     busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0])  # the same for batches of 128+
     #: batches of 128+: wall ns per section (SECTIONS order), to say where the hook's time goes
     sections_large: list[int] = field(default_factory=lambda: [0] * len(SECTIONS))
+    rule_large_ns: int = 0  # batches of 128+: the width rule's part of the after section
 
     def record_busy(self, batch: int, hook_ns: int, interval_s: float, cpu_ns: int = 0,
-                    sections: list[int] | None = None) -> None:
+                    sections: list[int] | None = None, rule_ns: int = 0) -> None:
         for acc in (self.busy, self.busy_large) if batch >= 128 else (self.busy,):
             acc[0] += 1
             acc[1] += hook_ns
@@ -143,6 +144,7 @@ class HookStats:
         if batch >= 128 and sections is not None:
             for i, ns in enumerate(sections):
                 self.sections_large[i] += ns
+            self.rule_large_ns += rule_ns
 
     def overhead_line(self) -> str:
         def share(acc: list[float]) -> str:
@@ -154,8 +156,9 @@ class HookStats:
         line = f"hook {share(self.busy)}; at batch >= 128: {share(self.busy_large)}"
         steps = self.busy_large[0]
         if steps > 0:
-            per_step = ", ".join(f"{name} {ns / steps / 1e3:.0f}" for name, ns in zip(SECTIONS, self.sections_large))
-            line += f"; us per step there: {per_step}"
+            per_step = [f"{name} {ns / steps / 1e3:.0f}" for name, ns in zip(SECTIONS, self.sections_large)]
+            per_step[1] += f" (width rule {self.rule_large_ns / steps / 1e3:.0f})"
+            line += f"; us per step there: {', '.join(per_step)}"
         return line
 
     def record(self, batch: int, hook_ns: int, wall_ns: int) -> None:
@@ -174,7 +177,7 @@ class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
     __slots__ = ("agg", "cf_ns", "cpu_ns", "depth", "draft_ns", "engine_loop", "hook_ns", "mix", "output",
-                 "sections", "spec_ns", "t0", "table", "width")
+                 "rule_ns", "sections", "spec_ns", "t0", "table", "width")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
@@ -191,6 +194,7 @@ class _Step:
         self.mix: dict[str, int] | None = None  # graph-shaped: requests per category
         self.engine_loop = False  # drafted requests are counted from vLLM's own update loop (on_spec_stats)
         self.spec_ns = 0  # time spent in on_spec_stats, charged to the observe section in finish
+        self.rule_ns = 0  # graph-shaped: the width rule's share of the after section
 
 
 class SpecHook:
@@ -426,7 +430,9 @@ class SpecHook:
                     category = self.state_of(request, table).category
                     mix[category] = mix.get(category, 0) + 1
             batch = len(output.num_scheduled_tokens)
+            rule_t = self.perf_ns()
             width = self.widths.choose(mix, table, batch)
+            step.rule_ns = self.perf_ns() - rule_t
             if not table.is_static:
                 output.num_spec_tokens_to_schedule = width
             step.depth = width
@@ -620,7 +626,7 @@ class SpecHook:
             self._cf_credit_ns = min(max(credit, -CF_CREDIT_CAP_NS), CF_CREDIT_CAP_NS)
         self.stats.record(batch, hook_ns, wall_ns)
         if interval is not None:
-            self.stats.record_busy(batch, hook_ns, interval, step.cpu_ns, step.sections)
+            self.stats.record_busy(batch, hook_ns, interval, step.cpu_ns, step.sections, step.rule_ns)
         if now - self._last_log >= OVERHEAD_LOG_EVERY_S:
             self._last_log = now
             logger.info("specctl: overhead since start: %s", self.stats.overhead_line())

@@ -130,17 +130,18 @@ def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
     stats = HookStats()
     assert stats.overhead_line() == "hook no steps; at batch >= 128: no steps"
     stats.record_busy(4, 10_000, 0.005, 5_000)  # 10 us of hook (5 us of its thread's CPU) in a 5 ms step
-    stats.record_busy(256, 100_000, 0.025, 50_000, [40_000, 20_000, 30_000, 10_000])
+    stats.record_busy(256, 100_000, 0.025, 50_000, [40_000, 20_000, 30_000, 10_000], 12_000)
     assert stats.overhead_line() == (
         "hook 0.37 % of 2 steps (thread CPU 0.18 %); at batch >= 128: 0.40 % of 1 steps (thread CPU 0.20 %); "
-        "us per step there: before 40, after 20, observe 30, finish 10")
+        "us per step there: before 40, after 20 (width rule 12), observe 30, finish 10")
 
 
 @pytest.mark.parametrize("engine_loop", [False, True])
 def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: bool) -> None:
     """Each section reads both clocks once at its start and once at its end: on a wall clock that ticks 1 us
-    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick. Drafts
-    counted in vLLM's loop cost one wall tick per drafted request, charged to observe (and to thread CPU)."""
+    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick (after
+    three: it also times the width rule). Drafts counted in vLLM's loop cost one wall tick per drafted request,
+    charged to observe (and to thread CPU)."""
     from itertools import count
 
     rig = Rig(GRAPH, correct={"json": 7}, engine_loop=engine_loop)
@@ -164,7 +165,9 @@ def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: boo
     # the steps after the first (prefill) one draft for every request; all but the first step are busy steps
     spec_ticks = 1_000 * len(calls) if engine_loop else 0
     assert (len(calls) > 0) == engine_loop and all(seen[1:])
-    assert stats.sections_large == [1_000 * steps, 1_000 * steps, 1_000 * steps + spec_ticks, 1_000 * steps]
+    # the after section reads the wall clock twice more around the width rule: one tick of its three
+    assert stats.sections_large == [1_000 * steps, 3_000 * steps, 1_000 * steps + spec_ticks, 1_000 * steps]
+    assert stats.rule_large_ns == 1_000 * steps
     assert stats.busy_large[3] == 4 * 500 * steps + spec_ticks
 
 
