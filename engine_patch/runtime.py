@@ -210,17 +210,23 @@ class SpecctlMixin:
                 rt.failed("finish")
         return outputs
 
-    def make_spec_decoding_stats(self, spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
-                                 num_invalid_spec_tokens: Any, request_id: str) -> Any:
+    def make_spec_decoding_stats(self, *args: Any, **kwargs: Any) -> Any:
+        # Any call shape is passed on untouched: on a vLLM whose call differs (allowed with
+        # SPECCTL_ALLOW_UNSUPPORTED_VLLM) the start-up check leaves drafts_from_engine_loop off and this forwards.
         rt = self._specctl
         if rt is not None and rt.enabled and rt.hook.drafts_from_engine_loop:
             try:
-                rt.hook.on_spec_stats(self.requests.get(request_id), request_id, num_draft_tokens,
-                                      num_accepted_tokens, num_invalid_spec_tokens)
+                if len(args) == 1 and len(kwargs) == 4:  # vLLM's own call: the stats object, then keywords
+                    draft, accepted = kwargs["num_draft_tokens"], kwargs["num_accepted_tokens"]
+                    invalid, request_id = kwargs["num_invalid_spec_tokens"], kwargs["request_id"]
+                else:
+                    named = dict(zip(SPEC_STATS_PARAMS[1:], args)) | kwargs
+                    draft, accepted = named["num_draft_tokens"], named["num_accepted_tokens"]
+                    invalid, request_id = named["num_invalid_spec_tokens"], named["request_id"]
+                rt.hook.on_spec_stats(self.requests.get(request_id), request_id, draft, accepted, invalid)
             except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("observe")
-        return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-                                                num_invalid_spec_tokens, request_id)
+        return super().make_spec_decoding_stats(*args, **kwargs)
 
     def shutdown(self, *args: Any, **kwargs: Any) -> Any:
         try:

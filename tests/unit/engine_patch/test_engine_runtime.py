@@ -208,7 +208,31 @@ def test_drafts_reach_the_hook_from_vllms_loop_and_vllm_keeps_its_stats(caplog) 
     assert seen == [("request r1", "r1", 4, 2, None)] and s.calls == ["stats r1 4 2"]
     s._specctl.hook.drafts_from_engine_loop = False  # the patch's own pass counts them: nothing in vLLM's loop
     assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats" and len(seen) == 1
+    s._specctl.hook.drafts_from_engine_loop = True
+    assert s.make_spec_decoding_stats(None, 5, 3, None, "r1") == "stats"  # positional: the same numbers
+    assert seen[-1] == ("request r1", "r1", 5, 3, None)
     s._specctl.hook = Exploding()
     with caplog.at_level(logging.ERROR, logger="vllm.specctl.engine"):
         assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats"
     assert s._specctl.errors == {"observe": 1}
+
+
+def test_a_call_of_another_shape_reaches_vllm_unchanged() -> None:
+    """A vLLM whose call differs never sees an error from the override: the parent gets the call as made."""
+    class Other:
+        def __init__(self, *args, **kwargs) -> None:
+            self.got = None
+
+        def make_spec_decoding_stats(self, stats, drafts, accepted):
+            self.got = (stats, drafts, accepted)
+            return "other"
+
+    class PatchedOther(SpecctlMixin, Other):
+        pass
+
+    s = PatchedOther()
+    s._specctl = build_runtime(Patched())
+    s._specctl.hook.drafts_from_engine_loop = True
+    s.requests = {}
+    assert s.make_spec_decoding_stats("st", drafts=3, accepted=1) == "other" and s.got == ("st", 3, 1)
+    assert s._specctl.errors == {"observe": 1}  # the patch could not read it; the engine step went on
