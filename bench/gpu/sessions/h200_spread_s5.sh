@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 5 of the `spread` sweep (planned, not run yet), in one background run, into a file of its own so that
+# Session 5 of the `spread` sweep (ran 2026-12-01: bench/gpu/README.md, session 5), in one background run, into a file of its own so that
 # one session holds specctl beside plain and K=7 at every point (session 4 had K=2 and K=4 only; session 3's K=7
 # stopped at c = 16): plain (its rows stand for every profile), k7, specctl.
 # Next after it: ktable with its start-up fix (`--ktable-backports drafter_graphs`) and as shipped (`off`, each
