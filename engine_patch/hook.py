@@ -424,14 +424,17 @@ class SpecHook:
         table = step.table
         if self.widths is not None:
             mix = step.mix if step.mix is not None else {}
-            for new in getattr(output, "scheduled_new_reqs", ()):
+            new_reqs = getattr(output, "scheduled_new_reqs", ())
+            for new in new_reqs:
                 request = requests.get(new.req_id)
                 if request is not None:
                     category = self.state_of(request, table).category
                     mix[category] = mix.get(category, 0) + 1
             batch = len(output.num_scheduled_tokens)
+            # A decode-only step schedules at most 1 + width tokens per request; more means a prompt chunk.
+            decode_only = not new_reqs and getattr(output, "total_num_scheduled_tokens", 0) <= batch * (1 + (step.width or 0))
             rule_t = self.perf_ns()
-            width = self.widths.choose(mix, table, batch)
+            width = self.widths.choose(mix, table, batch, measurable=decode_only)
             step.rule_ns = self.perf_ns() - rule_t
             if not table.is_static:
                 output.num_spec_tokens_to_schedule = width

@@ -14,7 +14,10 @@ project) on:
 Operator overrides pin: when every category of the step is pinned to a fixed k by an override, the width is the
 largest of those k, rounded down to the width set. Exploration: every ``explore_every``-th step of a bucket
 runs the width whose cell has the fewest measured steps, if that is below ``explore_below``; the share of steps
-this costs is bounded by ``1 / explore_every``.
+this costs is bounded by ``1 / explore_every``. Only steps that can be measured count and explore: a step that
+carries prompt tokens does not enter the cell table (its time is mostly the prompt's), so exploring there
+would cost a step at a worse width and measure nothing. Under a load where every step carries a prompt (the
+H200 at 256 requests with replaced requests) the rule runs on what the bucket measured before.
 """
 
 from __future__ import annotations
@@ -83,7 +86,9 @@ class WidthChooser:
         return tuple((1 - w) * a + w * b for a, b in zip(slow, fast))
 
     # -- the choice -----------------------------------------------------------------------------------------
-    def choose(self, mix: Mapping[str, int], table: PolicyTable, batch: int) -> int:
+    def choose(self, mix: Mapping[str, int], table: PolicyTable, batch: int, measurable: bool = True) -> int:
+        """The width of the next step. ``measurable``: the step just scheduled carried no prompt tokens, so the
+        next one probably will not either and its time enters the cell table (exploring is worth it)."""
         if table.is_static or table.cells is None or batch <= 0:
             self.width = self.k_max if table.is_static else self.width
             return self.width
@@ -93,9 +98,9 @@ class WidthChooser:
             return pinned
         bucket = table.cells.bucket(batch)
         step_s, steps = table.cells.step_s[bucket], table.cells.steps[bucket]
-        count = self._bucket_steps.get(bucket, 0) + 1
+        count = self._bucket_steps.get(bucket, 0) + measurable
         self._bucket_steps[bucket] = count
-        if self.explore_every and count % self.explore_every == 0:
+        if measurable and self.explore_every and count % self.explore_every == 0:
             j = min(range(len(self.widths)), key=lambda i: steps[i])
             if steps[j] < self.explore_below and step_s[j] != float("inf"):
                 self.explored += 1

@@ -110,6 +110,36 @@ def test_exploration_is_bounded_and_visits_the_least_measured_cell() -> None:
     assert set(chosen) == {4, 2}  # E(4)/T(4) edges out E(7)/T(7) on this row
 
 
+def test_steps_that_cannot_be_measured_neither_explore_nor_count() -> None:
+    """A step carrying a prompt does not enter the cell table: exploring there costs a step and measures
+    nothing, so only measurable steps count toward the 1-in-50 and explore."""
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
+    rig = Rig(GRAPH)
+    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
+                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
+    install(rig, row, json=CP(k=4, expected=HIGH))
+    table = rig.holder.current(rig.clock())
+    assert {chooser.choose({"json": 1}, table, 1, measurable=False) for _ in range(500)} == {4}
+    assert chooser.explored == 0
+    chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(50)]
+    assert chosen.count(2) == 1 == chooser.explored  # the 50th measurable step, not the 550th step
+
+
+@pytest.mark.parametrize(("joins_every_step", "explored"), [(False, True), (True, False)])
+def test_the_hook_explores_only_after_decode_only_steps(joins_every_step: bool, explored: bool) -> None:
+    rig = Rig(GRAPH, correct={"json": 7})
+    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
+                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
+    install(rig, row, json=CP(k=4, expected=HIGH))
+    for i in range(4):
+        rig.add(f"a{i}", "json", max_tokens=400)
+    for i in range(150):
+        if joins_every_step:
+            rig.add(f"n{i}", "json", max_tokens=400)  # every step schedules a new request's prompt
+        rig.sim.step()
+    assert (rig.hook.widths.explored > 0) is explored
+
+
 def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
     chooser = WidthChooser((0, 1, 2, 4, 7), 7)
     rig = Rig(GRAPH)
