@@ -177,10 +177,12 @@ def engine_points(engine: SteadyEngine, profiles: tuple[str, ...] = STEADY_PROFI
 
 
 def premise_points(timing: Timing = Timing(), ks: tuple[int, ...] = PREMISE_KS,
-                   concurrency: tuple[int, ...] = PREMISE_CONCURRENCY) -> list[Point]:
-    """The specctl engine pinned at width K for every category, at the premise's concurrencies."""
-    cats = PROFILE_CATEGORIES[PREMISE_PROFILE]
-    return [Point(label=f"{PREMISE}-k{k}", profile=PREMISE_PROFILE, concurrency=c, warmup_s=timing.pin_warmup_s,
+                   concurrency: tuple[int, ...] = PREMISE_CONCURRENCY, profile: str = PREMISE_PROFILE) -> list[Point]:
+    """The specctl engine pinned at width K for every category, at the premise's concurrencies. Another
+    profile or c than the premise's own measures which pinned width is best at a point in the same engine
+    (e.g. mixed at c = 256, where every step carries a prompt and the cell table cannot price the widths)."""
+    cats = PROFILE_CATEGORIES[profile]
+    return [Point(label=f"{PREMISE}-k{k}", profile=profile, concurrency=c, warmup_s=timing.pin_warmup_s,
                   pins=tuple((cat, k) for cat in cats))
             for c in concurrency for k in ks]
 

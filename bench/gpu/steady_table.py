@@ -134,23 +134,34 @@ def spread_statement(rows: dict) -> str:
 
 
 def premise_table(rows: dict) -> str:
-    """Pinned width K in the specctl engine against the static-K engine: mean step ms, and full-graph shares."""
-    lines = ["| K | " + " | ".join(f"c={c}: pinned / static ms (ratio), full graphs" for c in PREMISE_CONCURRENCY)
-             + " |", "|---|" + "---|" * len(PREMISE_CONCURRENCY)]
-    for k in PREMISE_KS:
-        cells = []
-        for c in PREMISE_CONCURRENCY:
-            pinned = rows.get((f"{PREMISE}-k{k}", PREMISE_PROFILE, c), {})
-            static = rows.get((static_name(k), PREMISE_PROFILE, c), {})
-            a, b = pinned.get("mean_step_ms_median"), static.get("mean_step_ms_median")
-            if a is None:
-                cells.append("-")
-                continue
-            ratio = f" ({a / b:.2f})" if b else ""
-            shares = "/".join("-" if r.get("full_share") is None else f"{r['full_share']:.0%}" for r in (pinned, static))
-            cells.append(f"{a:.2f} / {b:.2f}{ratio}, {shares}" if b else f"{a:.2f} / -, {shares}")
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """Pinned width K in the specctl engine against the static-K engine: mean step ms, full-graph shares and
+    the pinned row's tok/s; one table per profile the premise rows cover, a column per concurrency."""
+    points = {(name, profile, c) for (name, profile, c) in rows if name.startswith(f"{PREMISE}-k")}
+    profiles = sorted({p for _, p, _ in points}, key=lambda p: (p != PREMISE_PROFILE, p)) or [PREMISE_PROFILE]
+    tables = []
+    for profile in profiles:
+        cs = sorted({c for _, p, c in points if p == profile}) or list(PREMISE_CONCURRENCY)
+        ks = sorted({int(n.split("-k")[1]) for n, p, _ in points if p == profile}) or list(PREMISE_KS)
+        lines = [f"{profile}:", "",
+                 "| K | " + " | ".join(f"c={c}: pinned / static ms (ratio), full graphs; tok/s" for c in cs) + " |",
+                 "|---|" + "---|" * len(cs)]
+        for k in ks:
+            lines.append(f"| {k} | " + " | ".join(_premise_cell(rows, profile, c, k) for c in cs) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def _premise_cell(rows: dict, profile: str, c: int, k: int) -> str:
+    pinned = rows.get((f"{PREMISE}-k{k}", profile, c), {})
+    static = rows.get((static_name(k), profile, c), {})
+    a, b = pinned.get("mean_step_ms_median"), static.get("mean_step_ms_median")
+    if a is None:
+        return "-"
+    ratio = f" ({a / b:.2f})" if b else ""
+    shares = "/".join("-" if r.get("full_share") is None else f"{r['full_share']:.0%}" for r in (pinned, static))
+    tok = pinned.get("tok_per_s_median")
+    tok_text = f"; {tok:.0f}" if tok is not None else ""
+    return (f"{a:.2f} / {b:.2f}{ratio}, {shares}" if b else f"{a:.2f} / -, {shares}") + tok_text
 
 
 def failures_text(failures: dict) -> str:

@@ -63,6 +63,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pin-warmup-s", type=float, default=4.0, help="oracle/premise: warm-up after pinning")
     p.add_argument("--oracle", action="store_true", help="after the other engines: the mixed-profile oracle rows")
     p.add_argument("--premise", action="store_true", help="only the premise check (specctl pinned at K=0,2,4,7)")
+    p.add_argument("--premise-profile", default=plan.PREMISE_PROFILE, choices=sorted(plan.PROFILE_CATEGORIES),
+                   help="premise: the profile whose categories are pinned")
+    p.add_argument("--premise-ks", default=",".join(map(str, plan.PREMISE_KS)), help="premise: pinned widths")
+    p.add_argument("--premise-concurrency", default=",".join(map(str, plan.PREMISE_CONCURRENCY)),
+                   help="premise: concurrencies")
     p.add_argument("--allow-partial", action="store_true",
                    help="start an engine when at least its next point fits the budget (the rest resumes later)")
     p.add_argument("--retry-failed", action="store_true", help="start engines that have an engine_error row again")
@@ -97,8 +102,9 @@ def sweep_plan(args: argparse.Namespace, rows: dict) -> list[tuple[plan.SteadyEn
     concurrency = csv_ints(args.concurrency)
     wanted = csv_names(args.only)
     if args.premise or plan.PREMISE in wanted:
-        cs = tuple(c for c in plan.PREMISE_CONCURRENCY if c in concurrency) or plan.PREMISE_CONCURRENCY
-        return [(plan.PREMISE_ENGINE, plan.premise_points(timing, concurrency=cs))]
+        points = plan.premise_points(timing, ks=csv_ints(args.premise_ks), profile=args.premise_profile,
+                                     concurrency=csv_ints(args.premise_concurrency))
+        return [(plan.PREMISE_ENGINE, points)]
     chosen = [e for e in plan.engines() if not wanted or e.name in wanted]
     out = [(e, plan.engine_points(e, csv_names(args.profiles), concurrency, timing)) for e in chosen]
     if args.oracle or plan.ORACLE in wanted:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Session 6 of the `spread` sweep (planned, not run yet), in one background run:
-#   specctl with the pairwise width margin (a wider width must beat the narrower one it would replace by a
-#   measured margin), into a file seeded with the static rows of sessions 4 and 5, so that the oracle below
-#   picks each category's best static k from every static engine measured so far;
+#   specctl with exploration on decode-only steps only (commit 0290135), into a file seeded with the static
+#   rows of sessions 4 and 5, so that the oracle below picks each category's best static k from every static
+#   engine measured so far;
 #   the oracle (mixed profile, each category pinned to that k): measured in this session beside specctl;
+#   the widths at mixed c = 256 (specctl pinned at K = 0, 1, 2, 4 there: every step carries a prompt, the cell
+#   table cannot price the widths, and session 5's choice, K = 4, measured 0.97x plain), into a file of its own;
 #   the premise check (specctl pinned at K = 0, 2, 4, 7 at c = 1 and 64), into a file of its own;
 #   ktable with its start-up fix, then as shipped (each into a file of its own: the two share the engine name).
 set -uo pipefail
@@ -32,6 +34,8 @@ sweep() { local b; b=$(left); ((b > 60)) || { echo "== no time left for: $*"; re
           echo "== $(date +%T) budget ${b}s: $*"; PYTHONUNBUFFERED=1 python3 -m bench gpu.sweep "${COMMON[@]}" --budget-s "$b" "$@"; }
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only oracle
+sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
+      --premise-profile mixed --premise-concurrency 256 --premise-ks 0,1,2,4
 sweep --results "$OUTDIR/h200_steady_spread_premise.jsonl" --mirror "$OUTDIR/mirror_premise" --premise
 sweep --results "$OUTDIR/h200_steady_spread_ktable_fixed.jsonl" --mirror "$OUTDIR/mirror_kt" --only ktable \
       --ktable-backports drafter_graphs

@@ -104,6 +104,10 @@ def test_premise_points_pin_every_category_at_k():
                                                               ("premise-k4", 1), ("premise-k7", 1)]
     assert all(dict(p.pins) == {"high": int(p.label.split("-k")[1])} for p in points)
     assert {p.concurrency for p in points} == set(plan.PREMISE_CONCURRENCY)
+    mixed = plan.premise_points(ks=(0, 1), concurrency=(256,), profile="mixed")
+    assert [(p.label, p.profile, p.concurrency) for p in mixed] == [("premise-k0", "mixed", 256),
+                                                                    ("premise-k1", "mixed", 256)]
+    assert dict(mixed[1].pins) == {"high": 1, "low": 1}
 
 
 def test_engine_and_point_survive_json():

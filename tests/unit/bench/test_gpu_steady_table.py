@@ -70,8 +70,23 @@ def test_premise_table_compares_step_times(tmp_path):
 
     rows, _ = load_results(results(tmp_path, ROWS))
     table = premise_table(rows)
-    assert "| 4 | 7.07 / 7.00 (1.01), 99%/100% | - |" in table
-    assert "| 0 | - | - |" in table
+    assert table.startswith("high:")
+    assert "| 4 | 7.07 / 7.00 (1.01), 99%/100%; 480 |" in table
+    assert "c=64" not in table  # only the concurrencies the premise rows cover
+
+
+def test_premise_table_covers_every_profile_and_width_pinned(tmp_path):
+    from bench.gpu.steady_plan import load_results
+
+    extra = [row("premise-k1", "mixed", 256, 9600.0, 9500.0, 9700.0, mean_step_ms_median=50.0),
+             row("premise-k2", "mixed", 256, 10300.0, 10200.0, 10400.0, mean_step_ms_median=55.0, full_share=0.0),
+             row("k2", "mixed", 256, 10351.0, 10300.0, 10400.0, mean_step_ms_median=54.0, full_share=0.0)]
+    rows, _ = load_results(results(tmp_path, ROWS + extra))
+    high, mixed = premise_table(rows).split("\n\nmixed:")
+    assert high.startswith("high:") and "| 4 | 7.07 / 7.00 (1.01), 99%/100%; 480 |" in high
+    assert "| 1 | 50.00 / -, -/-; 9600 |" in mixed
+    assert "| 2 | 55.00 / 54.00 (1.02), 0%/0%; 10300 |" in mixed
+    assert "c=256" in mixed and "c=1" not in mixed
 
 
 def test_empty_results(tmp_path):
