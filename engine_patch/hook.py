@@ -328,11 +328,15 @@ class SpecHook:
         width = self.widths.width
         step.width = width
         mix: dict[str, int] = {}
+        # The loop touches every running request each step, cache-cold on a GPU host: its names are local.
+        count = mix.get
+        generation = table.generation
         for request in running:
             state = getattr(request, STATE_ATTR, None)
-            if state is None or state.gen != table.generation:
+            if state is None or state.gen != generation:
                 state = self.state_of(request, table)
-            mix[state.category] = mix.get(state.category, 0) + 1
+            category = state.category
+            mix[category] = count(category, 0) + 1
             spec = request.spec_token_ids
             if spec and len(spec) != width:
                 request.spec_token_ids = spec[:width] if len(spec) > width else [*spec, *([-1] * (width - len(spec)))]
