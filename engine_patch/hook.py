@@ -436,7 +436,8 @@ class SpecHook:
                     mix[category] = mix.get(category, 0) + 1
             batch = len(output.num_scheduled_tokens)
             # A decode-only step schedules at most 1 + width tokens per request; more means a prompt chunk.
-            decode_only = not new_reqs and getattr(output, "total_num_scheduled_tokens", 0) <= batch * (1 + (step.width or 0))
+            tokens = getattr(output, "total_num_scheduled_tokens", 0)
+            decode_only = not new_reqs and tokens <= batch * (1 + (step.width or 0))
             rule_t = self.perf_ns()
             width = self.widths.choose(mix, table, batch, measurable=decode_only)
             step.rule_ns = self.perf_ns() - rule_t

@@ -98,7 +98,7 @@ class WidthChooser:
             return pinned
         bucket = table.cells.bucket(batch)
         step_s, steps = table.cells.step_s[bucket], table.cells.steps[bucket]
-        count = self._bucket_steps.get(bucket, 0) + measurable
+        count = self._bucket_steps.get(bucket, 0) + (1 if measurable else 0)
         self._bucket_steps[bucket] = count
         if measurable and self.explore_every and count % self.explore_every == 0:
             j = min(range(len(self.widths)), key=lambda i: steps[i])

@@ -102,7 +102,10 @@ def sweep_plan(args: argparse.Namespace, rows: dict) -> list[tuple[plan.SteadyEn
     concurrency = csv_ints(args.concurrency)
     wanted = csv_names(args.only)
     if args.premise or plan.PREMISE in wanted:
-        points = plan.premise_points(timing, ks=csv_ints(args.premise_ks), profile=args.premise_profile,
+        ks = csv_ints(args.premise_ks)
+        if not ks or any(not 0 <= k <= plan.SPECCTL_K_MAX for k in ks):
+            raise SystemExit(f"--premise-ks: widths between 0 and {plan.SPECCTL_K_MAX}, got {args.premise_ks!r}")
+        points = plan.premise_points(timing, ks=ks, profile=args.premise_profile,
                                      concurrency=csv_ints(args.premise_concurrency))
         return [(plan.PREMISE_ENGINE, points)]
     chosen = [e for e in plan.engines() if not wanted or e.name in wanted]

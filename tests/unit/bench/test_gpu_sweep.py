@@ -56,6 +56,9 @@ def test_default_plan_only_premise_and_oracle():
                                "--premise-concurrency", "256", "--premise-ks", "0,1,2,4"]), {})
     assert [(p.label, p.profile, p.concurrency) for p in widths[0][1]] == [
         (f"premise-k{k}", "mixed", 256) for k in (0, 1, 2, 4)]
+    for bad in ("9", "-1", ""):
+        with pytest.raises(SystemExit, match="--premise-ks"):
+            sweep_plan(parse(["--results", "r.jsonl", "--premise", "--premise-ks", bad]), {})
     rows = {("k4", "high", 1): {"tok_per_s_median": 5.0}, ("plain", "low", 1): {"tok_per_s_median": 2.0}}
     oracle = sweep_plan(parse(["--results", "r.jsonl", "--oracle", "--only", "plain"]), rows)
     assert [e.name for e, _ in oracle] == ["plain", "oracle"] and [p.pins for p in oracle[1][1]] == [
