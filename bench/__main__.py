@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.sweep": "bench.gpu.sweep",
     "gpu.steady": "bench.gpu.steady",
     "gpu.steady_table": "bench.gpu.steady_table",
+    "gpu.steady_widths": "bench.gpu.steady_widths",
     "gpu.premise": "bench.gpu.premise",
 }
 

@@ -1,0 +1,120 @@
+"""What the specctl engine ran at each steady-load point: widths, prompt share and batch, from its recorded steps.
+
+The sweep records every telemetry batch of the specctl engine (``*_steps_*.jsonl.gz``); a results row has the
+wall time its last round ended. The point's timed rounds are the ``--window-s`` seconds before that (3 rounds of
+5 s plus the round boundaries), so a step belongs to the row whose window holds it. A step's time is the
+batch's ``sent_at`` minus the engine-clock gap to the batch's last step (the steps of one batch are a few ms
+apart). Per point it prints:
+
+* ``steps``: steps in the window, and the share that carried prompt tokens;
+* ``decode widths``: the share of each width among the decode-only steps (the steps the cell table measures);
+* ``prompt-step depths``: the same for steps that carried a prompt (they verify the width chosen before them);
+* mean requests per step and mean scheduled tokens per step (the budget bound shows as a flat maximum).
+
+    python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz [--engine specctl] [--window-s 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Seconds before a row's time that hold its timed rounds: 3 rounds of 5 s and the gaps between them.
+WINDOW_S = 16.0
+#: Seconds before a row's time left out: the row is written a moment after its last round ends.
+TAIL_S = 0.3
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointSteps:
+    profile: str
+    concurrency: int
+    tok_per_s: float
+    steps: int
+    prompt_share: float
+    decode_widths: dict[int, float]
+    prompt_depths: dict[int, float]
+    mean_batch: float
+    mean_tokens: float
+
+
+def timed_steps(batches: Iterable[dict]) -> Iterator[tuple[float, dict]]:
+    """(wall time, step) of every step of the telemetry batches, in the batches' order."""
+    for batch in batches:
+        steps = batch.get("steps") or []
+        if not steps:
+            continue
+        offset = float(batch["sent_at"]) - float(steps[-1]["t"])
+        for step in steps:
+            yield float(step["t"]) + offset, step
+
+
+def shares(values: list[int]) -> dict[int, float]:
+    counts = Counter(values)
+    return {k: counts[k] / len(values) for k in sorted(counts)} if values else {}
+
+
+def point_steps(row: dict, times: list[float], steps: list[dict], window_s: float = WINDOW_S) -> PointSteps:
+    end = float(row["time"]) - TAIL_S
+    lo, hi = bisect.bisect_left(times, end - window_s), bisect.bisect_right(times, end)
+    window = steps[lo:hi]
+    decode = [s for s in window if not s.get("prefill_tokens")]
+    prompt = [s for s in window if s.get("prefill_tokens")]
+    n = max(len(window), 1)
+    return PointSteps(
+        profile=row["profile"], concurrency=int(row["concurrency"]), tok_per_s=float(row["tok_per_s_median"]),
+        steps=len(window), prompt_share=len(prompt) / n,
+        decode_widths=shares([int(s.get("width", s.get("draft_depth", 0))) for s in decode]),
+        prompt_depths=shares([int(s.get("draft_depth", 0)) for s in prompt]),
+        mean_batch=sum(s.get("batch_size", 0) for s in window) / n,
+        mean_tokens=sum(s.get("scheduled_tokens", 0) for s in window) / n)
+
+
+def load(results: Path, steps_gz: Path, engine: str) -> tuple[list[dict], list[float], list[dict]]:
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("kind") == "row" and r.get("engine") == engine and r.get("time")]
+    with gzip.open(steps_gz, "rt") as fh:
+        pairs = sorted(timed_steps(json.loads(line) for line in fh if line.strip()), key=lambda p: p[0])
+    return rows, [t for t, _ in pairs], [s for _, s in pairs]
+
+
+def format_shares(values: dict[int, float]) -> str:
+    return " ".join(f"K{k} {v:.0%}" for k, v in values.items()) or "-"
+
+
+def render(points: list[PointSteps]) -> str:
+    header = ("| profile | c | tok/s | steps (with a prompt) | decode widths | prompt-step depths | requests/step "
+              "| tokens/step |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p.profile} | {p.concurrency} | {p.tok_per_s:.0f} | {p.steps} ({p.prompt_share:.0%}) | "
+                     f"{format_shares(p.decode_widths)} | {format_shares(p.prompt_depths)} | {p.mean_batch:.0f} | "
+                     f"{p.mean_tokens:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path)
+    p.add_argument("steps", type=Path, help="the specctl engine's recorded telemetry batches (.jsonl.gz)")
+    p.add_argument("--engine", default="specctl")
+    p.add_argument("--window-s", type=float, default=WINDOW_S)
+    args = p.parse_args(argv)
+    for path in (args.results, args.steps):
+        if not path.is_file():
+            p.error(f"{path}: no such file")
+    rows, times, steps = load(args.results, args.steps, args.engine)
+    if not rows:
+        p.error(f"{args.results}: no {args.engine} rows")
+    print(render([point_steps(r, times, steps, args.window_s) for r in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
