@@ -191,9 +191,25 @@ def premise_points(timing: Timing = Timing(), ks: tuple[int, ...] = PREMISE_KS,
 STATIC_CHOICES = {static_name(k): k for k in (0, *STATIC_KS)}
 
 
+def share_plain_rows(rows: dict) -> dict:
+    """Plain decoding drafts nothing, so its throughput does not depend on the acceptance profile: a plain point
+    measured on one profile stands for the others where they were not measured (marked ``shared_from``)."""
+    out = dict(rows)
+    for (name, profile, c), row in rows.items():
+        if name != PLAIN:
+            continue
+        for other in STEADY_PROFILES:
+            if (PLAIN, other, c) not in out:
+                out[(PLAIN, other, c)] = {**row, "shared_from": profile}
+    return out
+
+
 def best_static_k(rows: dict, profile: str, concurrency: int) -> int | None:
     """The static k (0 = plain) with the highest median goodput on ``profile`` at ``concurrency``; None when no
-    static row of that point exists."""
+    static row of that point exists. Plain's row of another profile stands for this one (it drafts nothing):
+    the sweep measures plain on one profile only, and an oracle without it would pin a drafting k where plain
+    decoding is the best static setting."""
+    rows = share_plain_rows(rows)
     best: tuple[float, int] | None = None
     for name, k in STATIC_CHOICES.items():
         row = rows.get((name, profile, concurrency))

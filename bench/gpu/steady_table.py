@@ -29,6 +29,7 @@ from bench.gpu.steady_plan import (
     STEADY_PROFILES,
     engines,
     load_results,
+    share_plain_rows,
     static_name,
 )
 
@@ -167,19 +168,6 @@ def _premise_cell(rows: dict, profile: str, c: int, k: int) -> str:
 def failures_text(failures: dict) -> str:
     return "\n".join(f"{name}: did not start (exit {row.get('rc')}): {row.get('error', '')[:300]}"
                      for name, row in sorted(failures.items()))
-
-
-def share_plain_rows(rows: dict) -> dict:
-    """Plain decoding drafts nothing, so its throughput does not depend on the acceptance profile: a plain point
-    measured on one profile stands for the others where they were not measured (marked in the table)."""
-    out = dict(rows)
-    for (name, profile, c), row in rows.items():
-        if name != PLAIN:
-            continue
-        for other in STEADY_PROFILES:
-            if (PLAIN, other, c) not in out:
-                out[(PLAIN, other, c)] = {**row, "shared_from": profile}
-    return out
 
 
 def render(path: Path) -> str:

@@ -89,6 +89,16 @@ def test_best_static_k_includes_plain_and_prefers_shorter_on_ties():
     assert plan.best_static_k(rows, "high", 1) is None
 
 
+def test_plain_measured_on_one_profile_stands_for_every_profile_in_the_oracle():
+    # the sweep measures plain on high only; at low c = 256 plain (9513) beats every drafting k measured there
+    rows = {("plain", "high", 256): row("plain", "high", 256, 9513.0),
+            ("k2", "high", 256): row("k2", "high", 256, 11339.0),
+            ("k2", "low", 256): row("k2", "low", 256, 9022.0), ("k4", "low", 256): row("k4", "low", 256, 7543.0)}
+    assert plan.best_static_k(rows, "low", 256) == 0
+    (point,) = plan.oracle_points(rows, concurrency=(256,))
+    assert dict(point.pins) == {"high": 2, "low": 0}
+
+
 def test_oracle_pins_each_category_to_its_own_profile_best():
     rows = {("k4", "high", 1): row("k4", "high", 1, 500.0), ("plain", "high", 1): row("plain", "high", 1, 200.0),
             ("plain", "low", 1): row("plain", "low", 1, 200.0), ("k1", "low", 1): row("k1", "low", 1, 190.0),

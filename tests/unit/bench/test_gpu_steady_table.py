@@ -94,7 +94,7 @@ def test_empty_results(tmp_path):
 
 
 def test_plain_rows_stand_for_every_profile_when_measured_once() -> None:
-    from bench.gpu.steady_table import share_plain_rows
+    from bench.gpu.steady_plan import share_plain_rows
 
     rows = {("plain", "high", 4): {"tok_per_s_median": 766.0}, ("k4", "low", 4): {"tok_per_s_median": 867.0}}
     shared = share_plain_rows(rows)
