@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.steady": "bench.gpu.steady",
     "gpu.steady_table": "bench.gpu.steady_table",
     "gpu.steady_widths": "bench.gpu.steady_widths",
+    "gpu.budget_model": "bench.gpu.budget_model",
     "gpu.premise": "bench.gpu.premise",
 }
 

@@ -63,8 +63,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pin-warmup-s", type=float, default=4.0, help="oracle/premise: warm-up after pinning")
     p.add_argument("--oracle", action="store_true", help="after the other engines: the mixed-profile oracle rows")
     p.add_argument("--premise", action="store_true", help="only the premise check (specctl pinned at K=0,2,4,7)")
-    p.add_argument("--premise-profile", default=plan.PREMISE_PROFILE, choices=sorted(plan.PROFILE_CATEGORIES),
-                   help="premise: the profile whose categories are pinned")
+    p.add_argument("--premise-profile", default=plan.PREMISE_PROFILE,
+                   help="premise: comma-separated profiles whose categories are pinned (one engine start)")
     p.add_argument("--premise-ks", default=",".join(map(str, plan.PREMISE_KS)), help="premise: pinned widths")
     p.add_argument("--premise-concurrency", default=",".join(map(str, plan.PREMISE_CONCURRENCY)),
                    help="premise: concurrencies")
@@ -105,8 +105,14 @@ def sweep_plan(args: argparse.Namespace, rows: dict) -> list[tuple[plan.SteadyEn
         ks = csv_ints(args.premise_ks)
         if not ks or any(not 0 <= k <= plan.SPECCTL_K_MAX for k in ks):
             raise SystemExit(f"--premise-ks: widths between 0 and {plan.SPECCTL_K_MAX}, got {args.premise_ks!r}")
-        points = plan.premise_points(timing, ks=ks, profile=args.premise_profile,
-                                     concurrency=csv_ints(args.premise_concurrency))
+        profiles = csv_names(args.premise_profile)
+        unknown = [p for p in profiles if p not in plan.PROFILE_CATEGORIES]
+        if not profiles or unknown:
+            raise SystemExit(f"--premise-profile: one or more of {sorted(plan.PROFILE_CATEGORIES)}, "
+                             f"got {args.premise_profile!r}")
+        cs = csv_ints(args.premise_concurrency)
+        points = [pt for profile in profiles
+                  for pt in plan.premise_points(timing, ks=ks, profile=profile, concurrency=cs)]
         return [(plan.PREMISE_ENGINE, points)]
     chosen = [e for e in plan.engines() if not wanted or e.name in wanted]
     out = [(e, plan.engine_points(e, csv_names(args.profiles), concurrency, timing)) for e in chosen]

@@ -4,8 +4,9 @@
 #   rows of sessions 4 and 5, so that the oracle below picks each category's best static k from every static
 #   engine measured so far;
 #   the oracle (mixed profile, each category pinned to that k): measured in this session beside specctl;
-#   the widths at mixed c = 256 (specctl pinned at K = 0, 1, 2, 4 there: every step carries a prompt, the cell
-#   table cannot price the widths, and session 5's choice, K = 4, measured 0.97x plain), into a file of its own;
+#   the widths at c = 256, mixed and high (specctl pinned at K = 0, 1, 2, 4 there: every step carries a prompt,
+#   the cell table cannot price the widths, and session 5's choice on mixed, K = 4, measured 0.97x plain; the
+#   token-budget model of `python -m bench gpu.budget_model` predicts each), into a file of its own;
 #   the premise check (specctl pinned at K = 0, 2, 4, 7 at c = 1 and 64), into a file of its own;
 #   ktable with its start-up fix, then as shipped (each into a file of its own: the two share the engine name).
 set -uo pipefail
@@ -35,7 +36,7 @@ sweep() { local b; b=$(left); ((b > 60)) || { echo "== no time left for: $*"; re
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only oracle
 sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
-      --premise-profile mixed --premise-concurrency 256 --premise-ks 0,1,2,4
+      --premise-profile mixed,high --premise-concurrency 256 --premise-ks 0,1,2,4
 sweep --results "$OUTDIR/h200_steady_spread_premise.jsonl" --mirror "$OUTDIR/mirror_premise" --premise
 sweep --results "$OUTDIR/h200_steady_spread_ktable_fixed.jsonl" --mirror "$OUTDIR/mirror_kt" --only ktable \
       --ktable-backports drafter_graphs

@@ -59,6 +59,13 @@ def test_default_plan_only_premise_and_oracle():
     for bad in ("9", "-1", ""):
         with pytest.raises(SystemExit, match="--premise-ks"):
             sweep_plan(parse(["--results", "r.jsonl", "--premise", "--premise-ks", bad]), {})
+    both = sweep_plan(parse(["--results", "r.jsonl", "--premise", "--premise-profile", "mixed,high",
+                             "--premise-concurrency", "256", "--premise-ks", "1,2"]), {})
+    assert [(p.label, p.profile) for p in both[0][1]] == [("premise-k1", "mixed"), ("premise-k2", "mixed"),
+                                                          ("premise-k1", "high"), ("premise-k2", "high")]
+    for bad in ("medium", ""):
+        with pytest.raises(SystemExit, match="--premise-profile"):
+            sweep_plan(parse(["--results", "r.jsonl", "--premise", "--premise-profile", bad]), {})
     rows = {("k4", "high", 1): {"tok_per_s_median": 5.0}, ("plain", "low", 1): {"tok_per_s_median": 2.0}}
     oracle = sweep_plan(parse(["--results", "r.jsonl", "--oracle", "--only", "plain"]), rows)
     assert [e.name for e, _ in oracle] == ["plain", "oracle"] and [p.pins for p in oracle[1][1]] == [
