@@ -94,6 +94,19 @@ class RequestState:
         self.pending: list[tuple[str, int, list[int]]] | None = None  # counterfactual proposals to score
 
 
+def committed_tokens(agg: Aggregate) -> int:
+    """Tokens the step committed: one per request counted, plus every accepted draft. A request that only ran
+    a prompt chunk is counted too (it commits at most its first token), an overcount of the few chunks a step
+    carries beside hundreds of decoding requests."""
+    total = 0
+    for entry in agg.values():
+        total += entry.requests
+        for counts in entry.hists.values():
+            for accepted, n in enumerate(counts):
+                total += accepted * n
+    return total
+
+
 def probe_selected(request_id: str, rate: float) -> bool:
     """Deterministic per request id: the same request is always probed or never."""
     return zlib.crc32(request_id.encode()) < rate * 4294967296.0
@@ -211,6 +224,7 @@ class SpecHook:
         search_window: int = 4096,
         num_sampled_per_step: int = 1,
         validate_drafts: Callable[[Any, list[int]], list[int]] | None = None,
+        token_budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         perf_ns: Callable[[], int] = time.perf_counter_ns,
         cpu_ns: Callable[[], int] = time.thread_time_ns,
@@ -236,7 +250,8 @@ class SpecHook:
         self._current: _Step | None = None  # claimed by observe, finished by finish
         self._cf_credit_ns = 0.0
         self._cf_cursor = 0
-        self.widths = WidthChooser(engine.graph_widths, engine.k_max) if engine.graph_widths else None
+        self.widths = (WidthChooser(engine.graph_widths, engine.k_max, token_budget=token_budget)
+                       if engine.graph_widths else None)
         #: Graph-shaped engines whose scheduler calls ``make_spec_decoding_stats`` per drafted request (every
         #: supported vLLM; the runtime checks it at start-up): the drafted requests are counted there, inside
         #: vLLM's own pass over the batch, and ``observe`` makes no pass of its own.
@@ -607,8 +622,12 @@ class SpecHook:
         if self._last_end is not None and 0 <= now - self._last_end <= BUSY_GAP_S:
             interval = now - self._last_end
         self._last_end = now if scheduled > 0 else None
-        if self.widths is not None and step.agg:
-            self.widths.observe(step.agg)
+        prefill = max(scheduled - batch - draft_tokens, 0)
+        if self.widths is not None:
+            if step.agg:
+                self.widths.observe(step.agg)
+            if self.widths.budget is not None and scheduled > 0:
+                self.widths.budget.observe(scheduled, prefill, committed_tokens(step.agg), interval)
         if scheduled > 0:
             self.queue.push(StepRow(
                 t=self.clock(),
@@ -616,7 +635,7 @@ class SpecHook:
                 batch_size=batch,
                 scheduled_tokens=scheduled,
                 draft_tokens=draft_tokens,
-                prefill_tokens=max(scheduled - batch - draft_tokens, 0),
+                prefill_tokens=prefill,
                 draft_depth=step.depth,
                 agg=step.agg,
                 width=step.width if draft_tokens == batch * (step.width or 0) else None,

@@ -118,6 +118,17 @@ def engine_loop_counts_drafts(scheduler_cls: type) -> bool:
     return False
 
 
+def token_budget_of(scheduler: Any) -> int | None:
+    """Tokens one step may schedule: vLLM's scheduler keeps it as ``max_num_scheduled_tokens`` (0.26-0.33),
+    from ``max_num_batched_tokens`` unless set apart; None where neither reads as a positive int."""
+    for value in (getattr(scheduler, "max_num_scheduled_tokens", None),
+                  getattr(getattr(getattr(scheduler, "vllm_config", None), "scheduler_config", None),
+                          "max_num_batched_tokens", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> SpecctlRuntime:
     settings = settings or load_settings()
     config = scheduler.vllm_config
@@ -139,6 +150,7 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         search_window=settings.search_window_tokens,
         num_sampled_per_step=getattr(scheduler, "num_sampled_tokens_per_step", 1),
         validate_drafts=validator,
+        token_budget=token_budget_of(scheduler),
     )
     hook.drafts_from_engine_loop = bool(engine.graph_widths) and engine_loop_counts_drafts(type(scheduler))
     reporter = None
@@ -154,10 +166,11 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         reporter.start()
     logger.info(
         "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s graph widths=%s, drafts counted "
-        "in %s, controller=%s)",
+        "in %s, token budget cap=%s, controller=%s)",
         engine.method, engine.k_max, async_mode, ",".join(engine.model_free_methods) or "-",
         ",".join(map(str, engine.graph_widths)) or "per-request k",
         "vLLM's update loop" if hook.drafts_from_engine_loop else "the patch's pass",
+        hook.widths.budget.tokens if hook.widths is not None and hook.widths.budget is not None else "off",
         settings.controller_url if reporter else "off",
     )
     return SpecctlRuntime(hook, reporter, settings.error_limit)

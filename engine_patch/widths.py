@@ -9,7 +9,10 @@ project) on:
 * E_c(K) per category: the controller's learned curve, blended with what this engine measured for the category
   over the last few dozen steps (the fast timescale: a burst of JSON after prose moves the width within a second,
   before the controller's next policy);
-* T(b, K) and the steps measured per cell from the controller's cell table.
+* T(b, K) and the steps measured per cell from the controller's cell table;
+* what this engine measured about its token budget (:class:`BudgetMeter`): the time of a step that filled it
+  and the prompt tokens per committed token. Where a width would fill the budget, its value is capped by what
+  the budget lets through (:func:`specctl_vllm.controller.core.model.widths.budget_goodput`).
 
 Operator overrides pin: when every category of the step is pinned to a fixed k by an override, the width is the
 largest of those k, rounded down to the width set. Exploration: every ``explore_every``-th step of a bucket
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths
+from specctl_vllm.controller.core.model.widths import COLD_BETA, TokenBudget, choose_width, geometric_lengths
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
@@ -37,11 +40,48 @@ FAST_MAX_WEIGHT = 0.5
 CURVE_REFRESH_STEPS = 8
 
 
+#: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
+#: so a change of prompt lengths or load moves the cap within seconds.
+BUDGET_DECAY = 0.995
+#: A step that scheduled at least this share of the budget filled it.
+FULL_SHARE = 0.97
+#: Decayed full steps before the cap is trusted: the median full step is stable after a few dozen.
+MIN_FULL_STEPS = 20.0
+
+
+class BudgetMeter:
+    """What the engine measured about its step token budget: the decayed mean time of the steps that filled it
+    and the decayed prompt tokens per committed token. No I/O; O(1) per step."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self._full = [0.0, 0.0]  # seconds, steps
+        self._prompt = [0.0, 0.0]  # prompt tokens, committed tokens
+
+    def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None) -> None:
+        full, ratio = self._full, self._prompt
+        full[0] *= BUDGET_DECAY
+        full[1] *= BUDGET_DECAY
+        ratio[0] = ratio[0] * BUDGET_DECAY + max(prompt, 0)
+        ratio[1] = ratio[1] * BUDGET_DECAY + max(committed, 0)
+        if interval_s is not None and interval_s > 0 and scheduled >= FULL_SHARE * self.tokens:
+            full[0] += interval_s
+            full[1] += 1.0
+
+    def current(self) -> TokenBudget | None:
+        seconds, steps = self._full
+        if steps < MIN_FULL_STEPS or seconds <= 0 or self._prompt[1] <= 0:
+            return None
+        return TokenBudget(tokens=self.tokens, capacity=self.tokens * steps / seconds,
+                           rho=self._prompt[0] / self._prompt[1])
+
+
 class WidthChooser:
     def __init__(self, widths: tuple[int, ...], k_max: int, explore_every: int = 50,
-                 explore_below: float = 100.0) -> None:
+                 explore_below: float = 100.0, token_budget: int | None = None) -> None:
         self.widths = widths
         self.k_max = k_max
+        self.budget = BudgetMeter(token_budget) if token_budget and token_budget > 0 else None
         self.explore_every = explore_every
         self.explore_below = explore_below
         self.width = k_max  # the static config's width until the first policy
@@ -106,7 +146,9 @@ class WidthChooser:
                 self.explored += 1
                 self.width = self.widths[j]
                 return self.width
-        self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps).width
+        budget = self.budget.current() if self.budget is not None else None
+        self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
+                                  budget=budget).width
         return self.width
 
     def _curves_for(self, mix: Mapping[str, int], table: PolicyTable) -> dict[str, tuple[float, ...]]:

@@ -480,6 +480,10 @@ CHECKS: tuple[Check, ...] = (
           has_member(CONF_SCHED, "SchedulerConfig", "async_scheduling")),
     Check("SchedulerConfig.max_num_seqs", "runtime.build_runtime sizes the constant K table",
           has_member(CONF_SCHED, "SchedulerConfig", "max_num_seqs")),
+    Check("Scheduler.__init__ sets self.max_num_scheduled_tokens", "runtime.token_budget_of: the width rule's "
+          "token-budget cap (falls back to SchedulerConfig.max_num_batched_tokens, else no cap)",
+          in_method(SCHED, S, "__init__", "self.max_num_scheduled_tokens = ...",
+                    assigns("self.max_num_scheduled_tokens"))),
     # Methods the mixin overrides (engine_patch/runtime.py SpecctlMixin) and their call order.
     Check("Scheduler.schedule(self)", "SpecctlMixin.schedule wraps it (before_schedule)",
           has_method(SCHED, S, "schedule", accepts_any=True)),

@@ -11,7 +11,9 @@ is replaced by one with a new prompt). So
 
 and the budget binds when the steps a width needs without the cap are over it:
 ``c * ((1 + K) + rho * E(K)) >= B`` for ``c`` requests in flight. Below that the model says nothing (the
-step time then depends on the width, as the cell table has it). ``E(K)`` comes from the profile's conditional
+step time then depends on the width, as the cell table has it). Both are the width rule's own functions
+(:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`, ``budget_binds``), so this check is a
+check of the cap the engine applies. ``E(K)`` comes from the profile's conditional
 acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the mixed profile
 averages its two categories, half the requests each), ``C`` from the recorded steps of the specctl engine that
 filled the budget. The check: predicted against measured for every static row where the budget binds.
@@ -29,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.gpu.shapes import PROFILES, PROMPT_TOKENS
+from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
-from specctl_vllm.controller.core.model.widths import geometric_lengths
+from specctl_vllm.controller.core.model.widths import TokenBudget, budget_binds, budget_goodput, geometric_lengths
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048
@@ -54,12 +56,23 @@ def expected_length(profile: str, k: int) -> float:
     return sum(geometric_lengths(PROFILES[cat], k)[k] for cat in cats) / len(cats)
 
 
-def budget_binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
-    return concurrency * ((1 + k) + rho * expected_length(profile, k)) >= budget
+def profile_step(profile: str, concurrency: int) -> tuple[dict[str, float], dict[str, tuple[float, ...]]]:
+    """A steady step of the profile as the width rule sees it: requests per category and their E_c(K)."""
+    cats = PROFILE_CATEGORIES[profile]
+    mix = {cat: concurrency / len(cats) for cat in cats}
+    return mix, {cat: geometric_lengths(PROFILES[cat], K_MAX) for cat in cats}
 
 
-def goodput(profile: str, k: int, capacity: float, rho: float) -> float:
-    return capacity / ((1 + k) / expected_length(profile, k) + rho)
+def binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
+    """The width rule's own test (:func:`~specctl_vllm.controller.core.model.widths.budget_binds`)."""
+    mix, curves = profile_step(profile, concurrency)
+    return budget_binds(mix, curves, k, TokenBudget(tokens=budget, capacity=1.0, rho=rho))
+
+
+def goodput(profile: str, k: int, capacity: float, rho: float, concurrency: int = 256) -> float:
+    """The width rule's own cap (:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`)."""
+    mix, curves = profile_step(profile, concurrency)
+    return budget_goodput(mix, curves, k, TokenBudget(tokens=1, capacity=capacity, rho=rho))
 
 
 def full_step_capacity(batches: Iterable[dict], budget: int) -> tuple[float, int]:
@@ -78,9 +91,9 @@ def predictions(rows: Iterable[dict], capacity: float, rho: float, budget: int) 
         if row.get("kind") != "row" or k is None or k == 0 or row.get("tok_per_s_median") is None:
             continue  # plain decoding has no drafter: its steps are another engine's
         profile, c = row["profile"], int(row["concurrency"])
-        binds = budget_binds(profile, k, c, rho, budget)
+        bound = binds(profile, k, c, rho, budget)
         out.append(Prediction(engine=row["engine"], profile=profile, concurrency=c,
-                              predicted=goodput(profile, k, capacity, rho) if binds else None,
+                              predicted=goodput(profile, k, capacity, rho, c) if bound else None,
                               measured=float(row["tok_per_s_median"])))
     return sorted(out, key=lambda p: (p.concurrency, p.profile, STATIC_CHOICES[p.engine]))
 

@@ -6,6 +6,18 @@
 verifies K drafts (1 + the expected accepted drafts), ``T(b, K)`` the step time of the batch bucket b at width
 K (:mod:`.cells`), and the margin shrinks with the steps measured in both cells: a width above 0 must beat plain
 decoding *by measurement* before it is used. O(categories x widths), one list of values per call.
+
+Where a width would fill the step's token budget ``B`` (vLLM's ``max_num_batched_tokens``), its value is capped
+by what the budget lets through (:func:`budget_goodput`): a full step costs about the same whatever its width,
+so per committed token the engine spends ``(1 + K) / E(K)`` verifying tokens and ``rho`` prompt tokens, and
+
+    value(K) <= C / ((1 + K) n / sum_c n_c E_c(K) + rho)      when  n (1 + K) + rho sum_c n_c E_c(K) >= B
+
+with ``C`` the tokens per second of a full step and ``rho`` the prompt tokens per committed token, both
+measured by the engine (:class:`TokenBudget`). The decode-only cells cannot see this: they spread a step's
+fixed cost over more committed tokens the wider the width, while under the budget the fixed cost is the
+same for every split of it (on the H200 at 256 requests the cap predicts the static engines' rows within
+0.94-1.02: ``python -m bench gpu.budget_model``).
 """
 
 from __future__ import annotations
@@ -50,6 +62,35 @@ def margin(steps_k: float, steps_0: float, base: float = BASE_MARGIN, unmeasured
 
 
 @dataclass(frozen=True, kw_only=True)
+class TokenBudget:
+    """What an engine measured about its step token budget (the cap of :func:`budget_goodput`)."""
+
+    tokens: int  # B: tokens one step may schedule (vLLM's max_num_batched_tokens)
+    capacity: float  # C: tokens per second of a step that filled the budget
+    rho: float  # prompt tokens scheduled per committed token (every finished request brings a prompt)
+
+
+def budget_binds(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
+                 default_curve: Sequence[float] = (1.0,)) -> bool:
+    """Whether a steady step at width ``k`` would need the whole budget: n (1 + K) verifying tokens and the
+    prompt tokens of the requests its commits finish, rho per committed token."""
+    n = sum(mix.values())
+    committed = committed_per_step(mix, curves, k, default_curve) if k else n
+    return n * (1 + k) + budget.rho * committed >= budget.tokens
+
+
+def budget_goodput(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
+                   default_curve: Sequence[float] = (1.0,)) -> float:
+    """Committed tokens per second a budget-bound step at width ``k`` lets through: C / ((1 + K) n / sum_c n_c
+    E_c(K) + rho). 0 for an empty mix."""
+    n = sum(mix.values())
+    committed = committed_per_step(mix, curves, k, default_curve) if k else n
+    if n <= 0 or committed <= 0:
+        return 0.0
+    return budget.capacity / ((1 + k) * n / committed + budget.rho)
+
+
+@dataclass(frozen=True, kw_only=True)
 class WidthChoice:
     width: int
     value: float  # modelled committed tokens per second at that width
@@ -67,18 +108,23 @@ def committed_per_step(mix: Mapping[str, float], curves: Mapping[str, Sequence[f
 
 
 def width_values(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], widths: Sequence[int],
-                 step_s: Sequence[float], default_curve: Sequence[float] = (1.0,)) -> list[float]:
+                 step_s: Sequence[float], default_curve: Sequence[float] = (1.0,),
+                 budget: TokenBudget | None = None) -> list[float]:
     """value(K) = sum_c n_c E_c(K) / T(b, K) per width (``widths[0]`` = 0: n / T(b, 0), every request commits
-    one token); 0 where a cell has no usable step time. The one goodput formula of the width rule: the rule
-    and the controller's goodput table (:func:`plan_widths`) both read it from here."""
+    one token), capped by :func:`budget_goodput` where the width fills the ``budget``; 0 where a cell has no
+    usable step time. The one goodput formula of the width rule: the rule and the controller's goodput table
+    (:func:`plan_widths`) both read it from here."""
     n = sum(mix.values())
     out = []
     for i, k in enumerate(widths):
         t = step_s[i]
         if not (t > 0 and math.isfinite(t)) or n <= 0:
             out.append(0.0)
-        else:
-            out.append((n if i == 0 else committed_per_step(mix, curves, k, default_curve)) / t)
+            continue
+        value = (n if i == 0 else committed_per_step(mix, curves, k, default_curve)) / t
+        if budget is not None and budget_binds(mix, curves, k, budget, default_curve):
+            value = min(value, budget_goodput(mix, curves, k, budget, default_curve))
+        out.append(value)
     return out
 
 
@@ -89,11 +135,13 @@ def choose_width(
     step_s: Sequence[float],
     steps: Sequence[float],
     default_curve: Sequence[float] = (1.0,),
+    budget: TokenBudget | None = None,
 ) -> WidthChoice:
     """The width rule for one step. ``widths`` ascending with 0 first; ``step_s[i]``/``steps[i]`` the cell's
     step time and measured steps at ``widths[i]`` for this step's batch bucket; ``curves[c][K]`` = E_c(K)
-    (a category without a curve uses ``default_curve``; a curve shorter than K is extended flat)."""
-    return _pick(width_values(mix, curves, widths, step_s, default_curve), widths, steps)
+    (a category without a curve uses ``default_curve``; a curve shorter than K is extended flat); ``budget``
+    what the engine measured about its token budget (None: no cap)."""
+    return _pick(width_values(mix, curves, widths, step_s, default_curve, budget), widths, steps)
 
 
 def _pick(values: Sequence[float], widths: Sequence[int], steps: Sequence[float]) -> WidthChoice:
@@ -143,14 +191,15 @@ class WidthPlan:
 
 
 def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapping[str, float], batch: int,
-                default_curve: Sequence[float] = (1.0,)) -> WidthPlan:
+                default_curve: Sequence[float] = (1.0,), budget: TokenBudget | None = None) -> WidthPlan:
     """The width :func:`choose_width` picks for a step of ``batch`` requests, ``mix`` of them per category, on
     the cell table ``view``, and the goodput table behind it. The controller's policy and ``specctl replay``
     price graph-shaped engines with this, so they show the width the engine runs (its exploration steps and
-    its fast acceptance blend aside), not one of their own."""
+    its fast acceptance blend aside, and the token-budget cap the engine applies from what it measured
+    itself unless ``budget`` is given), not one of their own."""
     b = max(int(batch), 1)
     step_s, steps = view.row(b)
-    values = width_values(mix, curves, view.widths, step_s, default_curve)
+    values = width_values(mix, curves, view.widths, step_s, default_curve, budget)
     choice = _pick(values, view.widths, steps)
     rows = tuple(WidthRow(width=k, step_s=step_s[i], steps=steps[i], goodput=values[i])
                  for i, k in enumerate(view.widths))

@@ -27,7 +27,7 @@ def test_expected_length_of_mixed_averages_its_categories():
     ],
 )
 def test_the_budget_binds_where_the_uncapped_step_exceeds_it(profile, k, c, binds):
-    assert bm.budget_binds(profile, k, c, rho=2.0, budget=2048) is binds
+    assert bm.binds(profile, k, c, rho=2.0, budget=2048) is binds
 
 
 def test_goodput_is_capacity_over_tokens_per_committed_token():

@@ -236,3 +236,23 @@ def test_a_call_of_another_shape_reaches_vllm_unchanged() -> None:
     s.requests = {}
     assert s.make_spec_decoding_stats("st", drafts=3, accepted=1) == "other" and s.got == ("st", 3, 1)
     assert s._specctl.errors == {"observe": 1}  # the patch could not read it; the engine step went on
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "want"),
+    [
+        (SimpleNamespace(max_num_scheduled_tokens=2048), 2048),
+        # no attribute of its own: the config's
+        (SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=8192))),
+         8192),
+        # nonsense in either place: no budget, so no cap (the rule runs on its cells alone)
+        (SimpleNamespace(max_num_scheduled_tokens=0, vllm_config=SimpleNamespace(scheduler_config=None)), None),
+        (SimpleNamespace(max_num_scheduled_tokens=True), None),
+        (SimpleNamespace(max_num_scheduled_tokens="2048"), None),
+        (object(), None),
+    ],
+)
+def test_token_budget_is_read_from_the_scheduler_or_its_config(scheduler, want) -> None:
+    from specctl_vllm.engine_patch.runtime import token_budget_of
+
+    assert token_budget_of(scheduler) == want

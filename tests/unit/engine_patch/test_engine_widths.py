@@ -9,7 +9,7 @@ from specctl_vllm.controller import protocol
 from specctl_vllm.controller.core.model.widths import geometric_lengths
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire
-from specctl_vllm.engine_patch.widths import WidthChooser
+from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser
 
 CP = protocol.CategoryPolicy
 GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
@@ -138,6 +138,53 @@ def test_the_hook_explores_only_after_decode_only_steps(joins_every_step: bool, 
             rig.add(f"n{i}", "json", max_tokens=400)  # every step schedules a new request's prompt
         rig.sim.step()
     assert (rig.hook.widths.explored > 0) is explored
+
+
+def test_budget_meter_measures_full_steps_and_prompt_tokens_per_committed_token() -> None:
+    meter = BudgetMeter(2048)
+    assert meter.current() is None
+    for _ in range(int(MIN_FULL_STEPS) + 10):
+        meter.observe(2048, 1040, 520, 0.0567)  # a full step: 2 prompt tokens per committed token
+        meter.observe(900, 0, 300, 0.020)  # not full: its time says nothing about the budget
+        meter.observe(2048, 0, 0, None)  # full, but no interval (the engine was idle before it)
+    budget = meter.current()
+    assert budget is not None and budget.tokens == 2048
+    assert budget.capacity == pytest.approx(2048 / 0.0567)
+    assert budget.rho == pytest.approx(1040 / 820, rel=0.01)  # decay weighs the three step kinds a little apart
+    few = BudgetMeter(2048)
+    for _ in range(5):
+        few.observe(2048, 1000, 500, 0.05)
+    assert few.current() is None  # a handful of full steps is not evidence
+
+
+def test_the_chooser_caps_widths_that_fill_the_measured_budget() -> None:
+    rig = Rig(GRAPH)
+    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
+                             step_s=[[21.5e-3, 28.3e-3, 34.9e-3, 44.8e-3, 62.9e-3]], steps=[[142.0, 2.0, 2.0, 3.0, 1.0]])
+    install(rig, row, json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=list(geometric_lengths(0.45, 7))))
+    table = rig.holder.current(rig.clock())
+    mix = {"json": 105, "prose": 104}
+    free = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    capped = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, token_budget=2048)
+    for _ in range(40):
+        capped.budget.observe(2048, 1040, 520, 0.0567)
+    assert free.choose(mix, table, 209) == 4  # the cells alone: K4 1 % above K2
+    assert capped.choose(mix, table, 209) == 2
+
+
+def test_the_hook_feeds_the_budget_meter_from_its_steps() -> None:
+    rig = Rig(GRAPH, correct={"json": 7})
+    rig.hook.widths.budget = BudgetMeter(8)  # 4 requests at any width above 1 fill 8 tokens
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    for i in range(4):
+        rig.add(f"a{i}", "json", max_tokens=400)
+    for _ in range(60):
+        rig.clock.t += 0.01  # back-to-back steps: each has an interval
+        rig.sim.step()
+    budget = rig.hook.widths.budget.current()
+    assert budget is not None and budget.tokens == 8
+    assert budget.capacity == pytest.approx(8 / 0.01)
+    assert 0 <= budget.rho < 1  # prompts only in the first steps; then every step commits
 
 
 def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
