@@ -76,7 +76,17 @@ def budget_binds(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]]
     prompt tokens of the requests its commits finish, rho per committed token."""
     n = sum(mix.values())
     committed = committed_per_step(mix, curves, k, default_curve) if k else n
+    return _fills(n, committed, k, budget)
+
+
+def _fills(n: float, committed: float, k: int, budget: TokenBudget) -> bool:
     return n * (1 + k) + budget.rho * committed >= budget.tokens
+
+
+def _through(n: float, committed: float, k: int, budget: TokenBudget) -> float:
+    if n <= 0 or committed <= 0:
+        return 0.0
+    return budget.capacity / ((1 + k) * n / committed + budget.rho)
 
 
 def budget_goodput(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
@@ -85,9 +95,7 @@ def budget_goodput(mix: Mapping[str, float], curves: Mapping[str, Sequence[float
     E_c(K) + rho). 0 for an empty mix."""
     n = sum(mix.values())
     committed = committed_per_step(mix, curves, k, default_curve) if k else n
-    if n <= 0 or committed <= 0:
-        return 0.0
-    return budget.capacity / ((1 + k) * n / committed + budget.rho)
+    return _through(n, committed, k, budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +129,10 @@ def width_values(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]]
         if not (t > 0 and math.isfinite(t)) or n <= 0:
             out.append(0.0)
             continue
-        value = (n if i == 0 else committed_per_step(mix, curves, k, default_curve)) / t
-        if budget is not None and budget_binds(mix, curves, k, budget, default_curve):
-            value = min(value, budget_goodput(mix, curves, k, budget, default_curve))
+        committed = n if i == 0 else committed_per_step(mix, curves, k, default_curve)
+        value = committed / t
+        if budget is not None and _fills(n, committed, k, budget):
+            value = min(value, _through(n, committed, k, budget))
         out.append(value)
     return out
 
