@@ -147,6 +147,8 @@ class WidthChooser:
                 self.width = self.widths[j]
                 return self.width
         budget = self.budget.current() if self.budget is not None else None
+        if budget is not None and batch * (1 + self.k_max) * (1 + budget.rho) < budget.tokens:
+            budget = None  # no width can fill it (E(K) <= 1 + K): skip the cap's arithmetic at small batches
         self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
                                   budget=budget).width
         return self.width

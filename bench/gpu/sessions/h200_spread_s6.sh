@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 6 of the `spread` sweep (planned, not run yet), in one background run:
-#   specctl with exploration on decode-only steps only (commit 0290135), into a file seeded with the static
+#   specctl with exploration on decode-only steps only and the token-budget cap (0290135, 256a733), into a
+#   file seeded with the static
 #   rows of sessions 4 and 5, so that the oracle below picks each category's best static k from every static
 #   engine measured so far;
 #   the oracle (mixed profile, each category pinned to that k): measured in this session beside specctl;
