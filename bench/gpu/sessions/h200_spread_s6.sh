@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Session 6 of the `spread` sweep (planned, not run yet), in one background run:
 #   specctl with exploration on decode-only steps only and the token-budget cap (0290135, 256a733), into a
-#   file seeded with the static
-#   rows of sessions 4 and 5, so that the oracle below picks each category's best static k from every static
-#   engine measured so far;
+#   file seeded with the static rows of sessions 4 and 5, so that the oracle below picks each category's best
+#   static k from every static engine measured so far;
 #   the oracle (mixed profile, each category pinned to that k): measured in this session beside specctl;
 #   the widths at c = 256, mixed and high (specctl pinned at K = 0, 1, 2, 4 there: every step carries a prompt,
 #   the cell table cannot price the widths, and session 5's choice on mixed, K = 4, measured 0.97x plain; the
