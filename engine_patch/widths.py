@@ -45,7 +45,7 @@ CURVE_REFRESH_STEPS = 8
 BUDGET_DECAY = 0.995
 #: A step that scheduled at least this share of the budget filled it.
 FULL_SHARE = 0.97
-#: Decayed full steps before the cap is trusted: the median full step is stable after a few dozen.
+#: Decayed full steps before the cap is trusted: the mean of a few dozen full steps is stable.
 MIN_FULL_STEPS = 20.0
 
 

@@ -16,7 +16,7 @@ step time then depends on the width, as the cell table has it). Both are the wid
 check of the cap the engine applies. ``E(K)`` comes from the profile's conditional
 acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the mixed profile
 averages its two categories, half the requests each), ``C`` from the recorded steps of the specctl engine that
-filled the budget. The check: predicted against measured for every static row where the budget binds.
+filled the budget (the budget over their mean time). The check: predicted against measured for every static row where the budget binds.
 
     python3 -m bench gpu.budget_model RESULTS.jsonl [RESULTS2.jsonl ...] --steps STEPS.jsonl.gz [--budget 2048]
 """
@@ -34,11 +34,10 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from specctl_vllm.controller.core.model.widths import TokenBudget, budget_binds, budget_goodput, geometric_lengths
+from specctl_vllm.engine_patch.widths import FULL_SHARE
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048
-#: A step within this share of the budget counts as full.
-FULL_SHARE = 0.97
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,12 +75,13 @@ def goodput(profile: str, k: int, capacity: float, rho: float, concurrency: int 
 
 
 def full_step_capacity(batches: Iterable[dict], budget: int) -> tuple[float, int]:
-    """(tokens per second of the steps that filled the budget, how many there were): the median step's."""
+    """(tokens per second of the steps that filled the budget, how many there were): the budget over their mean
+    time, as the engine's :class:`~specctl_vllm.engine_patch.widths.BudgetMeter` estimates it (undecayed)."""
     seconds = [float(s["interval_s"]) for b in batches for s in b.get("steps") or []
                if s.get("interval_s") and s.get("scheduled_tokens", 0) >= FULL_SHARE * budget]
     if not seconds:
         return 0.0, 0
-    return budget / statistics.median(seconds), len(seconds)
+    return budget * len(seconds) / sum(seconds), len(seconds)
 
 
 def predictions(rows: Iterable[dict], capacity: float, rho: float, budget: int) -> list[Prediction]:
@@ -99,7 +99,7 @@ def predictions(rows: Iterable[dict], capacity: float, rho: float, budget: int) 
 
 
 def render(preds: list[Prediction], capacity: float, full_steps: int, rho: float, budget: int) -> str:
-    head = (f"budget {budget} tokens, full-step capacity C = {capacity:.0f} tokens/s (median of {full_steps} "
+    head = (f"budget {budget} tokens, full-step capacity C = {capacity:.0f} tokens/s (mean of {full_steps} "
             f"full steps), rho = {rho:.2f} prompt tokens per output token")
     lines = [head, "", "| engine | profile | c | predicted tok/s | measured | measured / predicted |",
              "|---|---|---|---|---|---|"]

@@ -17,7 +17,7 @@ with ``C`` the tokens per second of a full step and ``rho`` the prompt tokens pe
 measured by the engine (:class:`TokenBudget`). The decode-only cells cannot see this: they spread a step's
 fixed cost over more committed tokens the wider the width, while under the budget the fixed cost is the
 same for every split of it (on the H200 at 256 requests the cap predicts the static engines' rows within
-0.94-1.02: ``python -m bench gpu.budget_model``).
+0.92-1.00: ``python -m bench gpu.budget_model``).
 """
 
 from __future__ import annotations

@@ -38,12 +38,12 @@ def test_goodput_is_capacity_over_tokens_per_committed_token():
     assert values == sorted(values, reverse=True)
 
 
-def test_capacity_is_the_median_full_step():
+def test_capacity_is_the_budget_over_the_mean_full_step():
     batches = [{"steps": [{"scheduled_tokens": 2048, "interval_s": 0.05}, {"scheduled_tokens": 2040, "interval_s": 0.06},
                           {"scheduled_tokens": 900, "interval_s": 0.02}, {"scheduled_tokens": 2048, "interval_s": 0.07}]},
                {"steps": []}]
     capacity, n = bm.full_step_capacity(batches, 2048)
-    assert n == 3 and capacity == pytest.approx(2048 / 0.06)
+    assert n == 3 and capacity == pytest.approx(2048 * 3 / (0.05 + 0.06 + 0.07))
     assert bm.full_step_capacity([{"steps": [{"scheduled_tokens": 10, "interval_s": 0.01}]}], 2048) == (0.0, 0)
 
 

@@ -51,22 +51,22 @@ def test_choice_table(mix, step_ms, steps, want) -> None:
 # The H200 controller's cell row for 193-256 requests at the end of session 5 (ms; steps), where every step of
 # the 256-request points carried a prompt: K > 0 had 1-3 decode steps, so the row is mostly the prior.
 C256_MS, C256_STEPS = (21.5, 28.3, 34.9, 44.8, 62.9), (142.0, 2.0, 2.0, 3.0, 1.0)
-# what the engine measured there: 2048-token full steps at 36124 tokens/s, 2 prompt tokens per committed token
-H200_BUDGET = TokenBudget(tokens=2048, capacity=36124.0, rho=2.0)
+# what the engine measured there: 2048-token full steps at 36631 tokens/s, 2 prompt tokens per committed token
+H200_BUDGET = TokenBudget(tokens=2048, capacity=36631.0, rho=2.0)
 
 
 @pytest.mark.parametrize(
     ("mix", "budget", "want"),
     [
         # mixed c = 256: the cells rank K4 1 % above K2; K4 fills the budget (209 * (5 + 2 * 2.75) = 2193
-        # tokens) and is capped at 9456, K2 does not (1510 tokens): K2 (static engines: K2 10351, K4 9382)
+        # tokens) and is capped at 9588, K2 does not (1510 tokens): K2 (static engines: K2 10351, K4 9382)
         ({"json": 105, "prose": 104}, None, 4),
         ({"json": 105, "prose": 104}, H200_BUDGET, 2),
         # high c = 256 (226 requests a step in session 5): K4 and K7 fill the budget, K2 (1841 tokens) does not
         ({"json": 226}, None, 4),
         ({"json": 226}, H200_BUDGET, 2),
         # a budget no step fills changes nothing
-        ({"json": 105, "prose": 104}, TokenBudget(tokens=10**6, capacity=36124.0, rho=2.0), 4),
+        ({"json": 105, "prose": 104}, TokenBudget(tokens=10**6, capacity=36631.0, rho=2.0), 4),
     ],
 )
 def test_the_token_budget_caps_widths_that_fill_it(mix, budget, want) -> None:
@@ -78,8 +78,8 @@ def test_the_token_budget_caps_widths_that_fill_it(mix, budget, want) -> None:
 def test_budget_goodput_is_capacity_over_tokens_per_committed_token() -> None:
     mix, curves = {"json": 100, "prose": 100}, {"json": HIGH, "prose": LOW}
     e4 = (HIGH[4] + LOW[4]) / 2
-    assert budget_goodput(mix, curves, 4, H200_BUDGET) == pytest.approx(36124.0 / (5 / e4 + 2.0))
-    assert budget_goodput(mix, curves, 0, H200_BUDGET) == pytest.approx(36124.0 / 3.0)  # plain: 1 + rho tokens
+    assert budget_goodput(mix, curves, 4, H200_BUDGET) == pytest.approx(36631.0 / (5 / e4 + 2.0))
+    assert budget_goodput(mix, curves, 0, H200_BUDGET) == pytest.approx(36631.0 / 3.0)  # plain: 1 + rho tokens
     assert budget_goodput({}, curves, 4, H200_BUDGET) == 0.0
     assert budget_binds({"json": 256}, curves, 2, H200_BUDGET)  # 256 * (3 + 2 * 2.57) = 2085
     assert not budget_binds({"json": 64}, curves, 7, H200_BUDGET)  # 64 * (8 + 2 * 4.84) = 1131
