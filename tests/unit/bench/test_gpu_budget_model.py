@@ -21,7 +21,7 @@ def test_expected_length_of_mixed_averages_its_categories():
     ("profile", "k", "c", "binds"),
     [
         ("high", 2, 256, True),  # 256 * (3 + 2 * 2.57) = 2085 tokens a step would need
-        ("mixed", 2, 256, False),  # 256 * (3 + 2 * 2.11) = 1848
+        ("mixed", 2, 256, False),  # 256 * (3 + 2 * 2.11) = 1850
         ("high", 7, 64, False),  # 64 * (8 + 2 * 4.84) = 1131
         ("low", 7, 256, True),
     ],
