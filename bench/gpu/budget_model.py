@@ -24,7 +24,6 @@ filled the budget (the budget over their mean time). The check: predicted agains
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
+from bench.gpu.steady_widths import read_batches
 from specctl_vllm.controller.core.model.widths import TokenBudget, budget_binds, budget_goodput, geometric_lengths
 from specctl_vllm.engine_patch.widths import FULL_SHARE
 
@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in (*args.results, args.steps):
         if not path.is_file():
             p.error(f"{path}: no such file")
-    with gzip.open(args.steps, "rt") as fh:
-        capacity, full_steps = full_step_capacity((json.loads(line) for line in fh if line.strip()), args.budget)
+    capacity, full_steps = full_step_capacity(read_batches(args.steps), args.budget)
     if not full_steps:
         p.error(f"{args.steps}: no step filled the {args.budget}-token budget")
     rho = PROMPT_TOKENS / WORKLOADS[args.workload].mean_output

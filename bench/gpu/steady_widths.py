@@ -44,6 +44,15 @@ class PointSteps:
     mean_tokens: float
 
 
+def read_batches(path: Path) -> Iterator[dict]:
+    """The telemetry batches a sweep recorded (JSONL, gzip or plain), one dict each."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
 def timed_steps(batches: Iterable[dict]) -> Iterator[tuple[float, dict]]:
     """(wall time, step) of every step of the telemetry batches, in the batches' order."""
     for batch in batches:
@@ -79,8 +88,7 @@ def point_steps(row: dict, times: list[float], steps: list[dict], window_s: floa
 def load(results: Path, steps_gz: Path, engine: str) -> tuple[list[dict], list[float], list[dict]]:
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r.get("kind") == "row" and r.get("engine") == engine and r.get("time")]
-    with gzip.open(steps_gz, "rt") as fh:
-        pairs = sorted(timed_steps(json.loads(line) for line in fh if line.strip()), key=lambda p: p[0])
+    pairs = sorted(timed_steps(read_batches(steps_gz)), key=lambda p: p[0])
     return rows, [t for t, _ in pairs], [s for _, s in pairs]
 
 

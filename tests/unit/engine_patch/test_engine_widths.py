@@ -98,12 +98,15 @@ def test_static_config_keeps_the_engine_width_and_steps_report_it() -> None:
     assert decode and all(r.width == 7 and r.draft_tokens == 7 * r.batch_size for r in decode)
 
 
+#: One bucket where K = 2 has 3 measured steps and every other width thousands: exploration's target.
+EXPLORE_ROW = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
+                                 step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]], steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
+
+
 def test_exploration_is_bounded_and_visits_the_least_measured_cell() -> None:
     chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
     rig = Rig(GRAPH)
-    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
-                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
-    install(rig, row, json=CP(k=4, expected=HIGH))
+    install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
     table = rig.holder.current(rig.clock())
     chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(500)]
     assert chosen.count(2) == 10 == chooser.explored  # 1 step in 50, on the unmeasured width
@@ -115,9 +118,7 @@ def test_steps_that_cannot_be_measured_neither_explore_nor_count() -> None:
     nothing, so only measurable steps count toward the 1-in-50 and explore."""
     chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
     rig = Rig(GRAPH)
-    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
-                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
-    install(rig, row, json=CP(k=4, expected=HIGH))
+    install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
     table = rig.holder.current(rig.clock())
     assert {chooser.choose({"json": 1}, table, 1, measurable=False) for _ in range(500)} == {4}
     assert chooser.explored == 0
@@ -128,9 +129,7 @@ def test_steps_that_cannot_be_measured_neither_explore_nor_count() -> None:
 @pytest.mark.parametrize(("joins_every_step", "explored"), [(False, True), (True, False)])
 def test_the_hook_explores_only_after_decode_only_steps(joins_every_step: bool, explored: bool) -> None:
     rig = Rig(GRAPH, correct={"json": 7})
-    row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7], step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]],
-                             steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
-    install(rig, row, json=CP(k=4, expected=HIGH))
+    install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
     for i in range(4):
         rig.add(f"a{i}", "json", max_tokens=400)
     for i in range(150):
