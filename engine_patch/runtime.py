@@ -166,7 +166,7 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         reporter.start()
     logger.info(
         "specctl: engine patch active (method=%s k_max=%d async=%s model-free=%s graph widths=%s, drafts counted "
-        "in %s, token budget cap=%s, controller=%s)",
+        "in %s, steady-step model at token budget=%s, controller=%s)",
         engine.method, engine.k_max, async_mode, ",".join(engine.model_free_methods) or "-",
         ",".join(map(str, engine.graph_widths)) or "per-request k",
         "vLLM's update loop" if hook.drafts_from_engine_loop else "the patch's pass",

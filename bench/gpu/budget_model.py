@@ -1,22 +1,22 @@
-"""Token-budget model of a steady point: what a static width can commit when every step is full, against the rows.
+"""The steady-step model of a budget-bound point against the static rows: what each width commits per second.
 
-When a step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) binds, as on the H200 at 256 requests of
-the steady load, the step time no longer depends on the width: every step processes about ``B`` tokens in
-about ``T_B``. A width K then only decides how those tokens are split. Per committed token the engine spends
-``(1 + K) / E(K)`` tokens verifying (every request verifies K drafts and commits ``E(K)`` tokens on average)
-and ``rho`` tokens of prompt, ``rho`` = prompt tokens per output token of the workload (every finished request
-is replaced by one with a new prompt). So
+When a step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) can bind, as on the H200 at 256 requests of
+the steady load, every step carries prompts and the width rule prices the widths with the steady-step model
+(:func:`~specctl_vllm.controller.core.model.widths.steady_goodput`) instead of the decode-only cells: a step
+costs ``a + b * tokens`` (the line through the full step, ``a + b B = B / C``); each request of a step
+verifies ``1 + K`` tokens and brings ``rho E(K)`` prompt tokens, ``rho`` = prompt tokens per output token of
+the workload (every finished request is replaced by one with a new prompt); a step holds
+``n' = min(c, B / ((1 + K) + rho E(K)))`` requests, so
 
-    goodput(K) = C / ((1 + K) / E(K) + rho),     C = B / T_B   (tokens per second of a full step)
+    goodput(K) = n' E(K) / (a + b n' ((1 + K) + rho E(K)))
 
-and the budget binds when the steps a width needs without the cap are over it:
-``c * ((1 + K) + rho * E(K)) >= B`` for ``c`` requests in flight. Below that the model says nothing (the
-step time then depends on the width, as the cell table has it). Both are the width rule's own functions
-(:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`, ``budget_binds``), so this check is a
-check of the cap the engine applies. ``E(K)`` comes from the profile's conditional
-acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the mixed profile
-averages its two categories, half the requests each), ``C`` from the recorded steps of the specctl engine that
-filled the budget (the budget over their mean time). The check: predicted against measured for every static row where the budget binds.
+which is ``C / ((1 + K) / E(K) + rho)`` where the width fills the budget. ``E(K)`` comes from the profile's
+conditional acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the
+mixed profile averages its two categories, half the requests each); ``C`` and ``a`` from the recorded steps of
+the specctl engine at the points where the model applies (batches of at least ``--min-batch``), with the
+engine's own estimator (:func:`~specctl_vllm.controller.core.model.widths.fixed_step_s`), undecayed. The
+check: predicted against measured for every static row where the engine would use the model, and whether
+the model ranks the widths of each point as they measured.
 
     python3 -m bench gpu.budget_model RESULTS.jsonl [RESULTS2.jsonl ...] --steps STEPS.jsonl.gz [--budget 2048]
 """
@@ -33,11 +33,20 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from bench.gpu.steady_widths import read_batches
-from specctl_vllm.controller.core.model.widths import TokenBudget, budget_binds, budget_goodput, geometric_lengths
+from specctl_vllm.controller.core.model.widths import (
+    TokenBudget,
+    budget_binds,
+    budget_goodput,
+    fixed_step_s,
+    geometric_lengths,
+    steady_regime,
+)
 from specctl_vllm.engine_patch.widths import FULL_SHARE
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048
+#: Steps of smaller batches come from points where no width fills the budget (their fixed cost is another).
+DEFAULT_MIN_BATCH = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +54,9 @@ class Prediction:
     engine: str
     profile: str
     concurrency: int
-    predicted: float | None  # None: the budget does not bind there
+    predicted: float | None  # None: the engine would not use the model there
     measured: float
+    binds: bool = False  # the width fills the budget there
 
 
 def expected_length(profile: str, k: int) -> float:
@@ -62,56 +72,98 @@ def profile_step(profile: str, concurrency: int) -> tuple[dict[str, float], dict
     return mix, {cat: geometric_lengths(PROFILES[cat], K_MAX) for cat in cats}
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepCost:
+    """The steady-step model's inputs as measured: C, a, and how many steps are behind each."""
+
+    capacity: float  # C, tokens per second of a full step
+    fixed_s: float  # a, seconds
+    full_steps: int
+    steps: int
+
+    def budget(self, tokens: int, rho: float) -> TokenBudget:
+        return TokenBudget(tokens=tokens, capacity=self.capacity, rho=rho, fixed_s=self.fixed_s)
+
+
 def binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
     """The width rule's own test (:func:`~specctl_vllm.controller.core.model.widths.budget_binds`)."""
     mix, curves = profile_step(profile, concurrency)
     return budget_binds(mix, curves, k, TokenBudget(tokens=budget, capacity=1.0, rho=rho))
 
 
-def goodput(profile: str, k: int, capacity: float, rho: float, concurrency: int = 256) -> float:
-    """The width rule's own cap (:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`)."""
+def goodput(profile: str, k: int, budget: TokenBudget, concurrency: int = 256) -> float:
+    """The width rule's own value (:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`)."""
     mix, curves = profile_step(profile, concurrency)
-    return budget_goodput(mix, curves, k, TokenBudget(tokens=1, capacity=capacity, rho=rho))
+    return budget_goodput(mix, curves, k, budget)
 
 
-def full_step_capacity(batches: Iterable[dict], budget: int) -> tuple[float, int]:
-    """(tokens per second of the steps that filled the budget, how many there were): the budget over their mean
-    time, as the engine's :class:`~specctl_vllm.engine_patch.widths.BudgetMeter` estimates it (undecayed)."""
-    seconds = [float(s["interval_s"]) for b in batches for s in b.get("steps") or []
-               if s.get("interval_s") and s.get("scheduled_tokens", 0) >= FULL_SHARE * budget]
-    if not seconds:
-        return 0.0, 0
-    return budget * len(seconds) / sum(seconds), len(seconds)
+def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN_BATCH) -> StepCost:
+    """C (the budget over the mean full step) and a (:func:`fixed_step_s`) from the timed steps of batches of
+    at least ``min_batch`` requests, as the engine's :class:`~specctl_vllm.engine_patch.widths.BudgetMeter`
+    estimates them (undecayed)."""
+    full, dd, d, dy, n = [], 0.0, 0.0, 0.0, 0
+    for b in batches:
+        for s in b.get("steps") or []:
+            seconds = s.get("interval_s")
+            if not seconds or s.get("batch_size", min_batch) < min_batch:
+                continue
+            tokens = int(s.get("scheduled_tokens", 0))
+            if tokens >= FULL_SHARE * budget:
+                full.append(float(seconds))
+            gap = float(max(budget - tokens, 0))
+            dd, d, dy, n = dd + gap * gap, d + gap, dy + gap * float(seconds), n + 1
+    if not full:
+        return StepCost(capacity=0.0, fixed_s=0.0, full_steps=0, steps=n)
+    full_s = sum(full) / len(full)
+    return StepCost(capacity=budget / full_s, fixed_s=fixed_step_s(full_s, budget, dd, d, dy),
+                    full_steps=len(full), steps=n)
 
 
-def predictions(rows: Iterable[dict], capacity: float, rho: float, budget: int) -> list[Prediction]:
+def predictions(rows: Iterable[dict], cost: StepCost, rho: float, budget: int) -> list[Prediction]:
+    model = cost.budget(budget, rho)
     out = []
     for row in rows:
         k = STATIC_CHOICES.get(row.get("engine"))
         if row.get("kind") != "row" or k is None or k == 0 or row.get("tok_per_s_median") is None:
             continue  # plain decoding has no drafter: its steps are another engine's
         profile, c = row["profile"], int(row["concurrency"])
-        bound = binds(profile, k, c, rho, budget)
+        used = steady_regime(c, K_MAX, model)
         out.append(Prediction(engine=row["engine"], profile=profile, concurrency=c,
-                              predicted=goodput(profile, k, capacity, rho, c) if bound else None,
-                              measured=float(row["tok_per_s_median"])))
+                              predicted=goodput(profile, k, model, c) if used else None,
+                              measured=float(row["tok_per_s_median"]), binds=binds(profile, k, c, rho, budget)))
     return sorted(out, key=lambda p: (p.concurrency, p.profile, STATIC_CHOICES[p.engine]))
 
 
-def render(preds: list[Prediction], capacity: float, full_steps: int, rho: float, budget: int) -> str:
-    head = (f"budget {budget} tokens, full-step capacity C = {capacity:.0f} tokens/s (mean of {full_steps} "
-            f"full steps), rho = {rho:.2f} prompt tokens per output token")
-    lines = [head, "", "| engine | profile | c | predicted tok/s | measured | measured / predicted |",
-             "|---|---|---|---|---|---|"]
-    bound = [p for p in preds if p.predicted is not None]
-    for p in bound:
-        lines.append(f"| {p.engine} | {p.profile} | {p.concurrency} | {p.predicted:.0f} | {p.measured:.0f} | "
-                     f"{p.measured / p.predicted:.2f} |")
-    if bound:
-        ratios = [p.measured / p.predicted for p in bound]
-        summary = (f"{len(bound)} rows where the budget binds: measured / predicted median "
-                   f"{statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}")
-        lines += ["", summary]
+def rankings(preds: list[Prediction]) -> list[str]:
+    """Per point: the width the model ranks first against the one that measured best."""
+    points: dict[tuple[int, str], list[Prediction]] = {}
+    for p in preds:
+        if p.predicted is not None:
+            points.setdefault((p.concurrency, p.profile), []).append(p)
+    out = []
+    for (c, profile), ps in sorted(points.items()):
+        model, measured = max(ps, key=lambda p: p.predicted), max(ps, key=lambda p: p.measured)
+        verdict = "same" if model.engine == measured.engine else (
+            f"differs: {model.engine} measured {model.measured / measured.measured:.2f} of the best")
+        out.append(f"{profile} c={c}: model {model.engine}, measured {measured.engine} ({verdict})")
+    return out
+
+
+def render(preds: list[Prediction], cost: StepCost, rho: float, budget: int) -> str:
+    head = (f"budget {budget} tokens, full-step capacity C = {cost.capacity:.0f} tokens/s (mean of "
+            f"{cost.full_steps} full steps), fixed step cost a = {cost.fixed_s * 1e3:.1f} ms (line through the "
+            f"full step over {cost.steps} steps), rho = {rho:.2f} prompt tokens per output token")
+    lines = [head, "", "| engine | profile | c | fills the budget | predicted tok/s | measured | measured / predicted |",
+             "|---|---|---|---|---|---|---|"]
+    used = [p for p in preds if p.predicted is not None]
+    for p in used:
+        lines.append(f"| {p.engine} | {p.profile} | {p.concurrency} | {'yes' if p.binds else 'no'} | "
+                     f"{p.predicted:.0f} | {p.measured:.0f} | {p.measured / p.predicted:.2f} |")
+    if used:
+        ratios = [p.measured / p.predicted for p in used]
+        lines += ["", (f"{len(used)} rows where the engine prices widths with the model: measured / predicted "
+                      f"median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"), ""]
+        lines += rankings(used)
     return "\n".join(lines)
 
 
@@ -121,18 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=Path, required=True, help="the specctl engine's recorded steps (.jsonl.gz)")
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="tokens per step (max_num_batched_tokens)")
     p.add_argument("--workload", default="spread", choices=sorted(WORKLOADS))
+    p.add_argument("--min-batch", type=int, default=DEFAULT_MIN_BATCH,
+                   help="requests; only steps of batches this large enter C and a")
     args = p.parse_args(argv)
     if args.budget <= 0:
         p.error("--budget must be positive")
     for path in (*args.results, args.steps):
         if not path.is_file():
             p.error(f"{path}: no such file")
-    capacity, full_steps = full_step_capacity(read_batches(args.steps), args.budget)
-    if not full_steps:
+    cost = step_cost(read_batches(args.steps), args.budget, args.min_batch)
+    if not cost.full_steps:
         p.error(f"{args.steps}: no step filled the {args.budget}-token budget")
     rho = PROMPT_TOKENS / WORKLOADS[args.workload].mean_output
     rows = [json.loads(line) for path in args.results for line in path.read_text().splitlines() if line.strip()]
-    print(render(predictions(rows, capacity, rho, args.budget), capacity, full_steps, rho, args.budget))
+    print(render(predictions(rows, cost, rho, args.budget), cost, rho, args.budget))
     return 0
 
 

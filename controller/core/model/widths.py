@@ -7,17 +7,21 @@ verifies K drafts (1 + the expected accepted drafts), ``T(b, K)`` the step time 
 K (:mod:`.cells`), and the margin shrinks with the steps measured in both cells: a width above 0 must beat plain
 decoding *by measurement* before it is used. O(categories x widths), one list of values per call.
 
-Where a width would fill the step's token budget ``B`` (vLLM's ``max_num_batched_tokens``), its value is capped
-by what the budget lets through (:func:`budget_goodput`): a full step costs about the same whatever its width,
-so per committed token the engine spends ``(1 + K) / E(K)`` verifying tokens and ``rho`` prompt tokens, and
+Where the step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) binds, as on a GPU under a load that
+keeps every step carrying prompts, the decode-only cells cannot price the widths: they have few or no steps
+there, and a width's cost is then set by the tokens it puts through the budget. The rule then values every
+width with the steady-step model (:func:`steady_goodput`), measured by the engine (:class:`TokenBudget`): a
+step costs ``a + b * tokens``, and in steady load each request of a step verifies ``1 + K`` tokens and brings
+``rho E(K)`` prompt tokens (every finished request is replaced by one with a prompt), so
 
-    value(K) <= C / ((1 + K) n / sum_c n_c E_c(K) + rho)      when  n (1 + K) + rho sum_c n_c E_c(K) >= B
+    n' = min(n, B / ((1 + K) + rho E(K)))          the requests one step can hold
+    value(K) = n' E(K) / (a + b n' ((1 + K) + rho E(K)))
 
-with ``C`` the tokens per second of a full step and ``rho`` the prompt tokens per committed token, both
-measured by the engine (:class:`TokenBudget`). The decode-only cells cannot see this: they spread a step's
-fixed cost over more committed tokens the wider the width, while under the budget the fixed cost is the
-same for every split of it (on the H200 at 256 requests the cap predicts the static engines' rows within
-0.92-1.00: ``python -m bench gpu.budget_model``).
+with the line through the measured full step (``a + b B = B / C``, ``C`` the tokens per second of a full
+step). Where a width fills the budget this is ``C / ((1 + K) / E(K) + rho)``: a full step costs the same
+whatever its width, and the width only decides how its tokens are split. Where it does not, the fixed cost
+``a`` is what a wider width spreads over more committed tokens. On the H200 at 256 requests the model ranks
+every static engine measured as they measured (``python -m bench gpu.budget_model``).
 """
 
 from __future__ import annotations
@@ -63,11 +67,35 @@ def margin(steps_k: float, steps_0: float, base: float = BASE_MARGIN, unmeasured
 
 @dataclass(frozen=True, kw_only=True)
 class TokenBudget:
-    """What an engine measured about its step token budget (the cap of :func:`budget_goodput`)."""
+    """What an engine measured about its step token budget and its step cost under it (:func:`steady_goodput`)."""
 
     tokens: int  # B: tokens one step may schedule (vLLM's max_num_batched_tokens)
     capacity: float  # C: tokens per second of a step that filled the budget
     rho: float  # prompt tokens scheduled per committed token (every finished request brings a prompt)
+    fixed_s: float = 0.0  # a: seconds of a step that do not grow with its tokens (0: every token costs 1 / C)
+    steps: float = math.inf  # decayed steps behind the fit (the margin's evidence)
+
+    @property
+    def per_token_s(self) -> float:
+        """b: seconds per scheduled token, the line through the full step (a + b B = B / C)."""
+        return max(self.tokens / self.capacity - self.fixed_s, 0.0) / self.tokens
+
+
+def steady_regime(batch: int, k_max: int, budget: TokenBudget) -> bool:
+    """Whether the widest width could fill the budget at this batch (E(K) <= 1 + K bounds its prompt tokens):
+    below, no width can, and the decode-only cells price the widths."""
+    return batch * (1 + k_max) * (1 + budget.rho) >= budget.tokens
+
+
+def fixed_step_s(full_s: float, tokens: int, dd: float, d: float, dy: float) -> float:
+    """``a`` of the least-squares line ``seconds ~ full_s - b * (B - tokens_scheduled)`` through the measured
+    full step, from the sums over the fitted steps of ``d = B - tokens_scheduled``: ``dd`` = sum d^2, ``d`` =
+    sum d, ``dy`` = sum d * seconds. ``b`` is held to [0, full_s / B] (a >= 0); with no spread of tokens (every
+    step full) there is nothing to fit and a = 0: every token costs 1 / C."""
+    if dd <= 0 or full_s <= 0 or tokens <= 0:
+        return 0.0
+    per_token = min(max((full_s * d - dy) / dd, 0.0), full_s / tokens)
+    return full_s - per_token * tokens
 
 
 def budget_binds(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
@@ -83,19 +111,26 @@ def _fills(n: float, committed: float, k: int, budget: TokenBudget) -> bool:
     return n * (1 + k) + budget.rho * committed >= budget.tokens
 
 
-def _through(n: float, committed: float, k: int, budget: TokenBudget) -> float:
-    if n <= 0 or committed <= 0:
-        return 0.0
-    return budget.capacity / ((1 + k) * n / committed + budget.rho)
-
-
 def budget_goodput(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
                    default_curve: Sequence[float] = (1.0,)) -> float:
-    """Committed tokens per second a budget-bound step at width ``k`` lets through: C / ((1 + K) n / sum_c n_c
-    E_c(K) + rho). 0 for an empty mix."""
+    """Committed tokens per second of a steady step at width ``k`` under the measured ``budget``
+    (:func:`steady_goodput`; where the width fills the budget, C / ((1 + K) n / sum_c n_c E_c(K) + rho)).
+    0 for an empty mix."""
     n = sum(mix.values())
     committed = committed_per_step(mix, curves, k, default_curve) if k else n
-    return _through(n, committed, k, budget)
+    return steady_goodput(n, committed, k, budget)
+
+
+def steady_goodput(n: float, committed: float, k: int, budget: TokenBudget) -> float:
+    """The steady-step model of the module docstring for ``n`` requests that commit ``committed`` tokens a
+    step at width ``k`` (0 where either is 0)."""
+    if n <= 0 or committed <= 0 or budget.capacity <= 0 or budget.tokens <= 0:
+        return 0.0
+    per_commit = committed / n
+    per_request = (1 + k) + budget.rho * per_commit
+    held = min(n, budget.tokens / per_request)
+    step_s = budget.fixed_s + budget.per_token_s * held * per_request
+    return held * per_commit / step_s if step_s > 0 else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,23 +153,26 @@ def committed_per_step(mix: Mapping[str, float], curves: Mapping[str, Sequence[f
 def width_values(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], widths: Sequence[int],
                  step_s: Sequence[float], default_curve: Sequence[float] = (1.0,),
                  budget: TokenBudget | None = None) -> list[float]:
-    """value(K) = sum_c n_c E_c(K) / T(b, K) per width (``widths[0]`` = 0: n / T(b, 0), every request commits
-    one token), capped by :func:`budget_goodput` where the width fills the ``budget``; 0 where a cell has no
-    usable step time. The one goodput formula of the width rule: the rule and the controller's goodput table
-    (:func:`plan_widths`) both read it from here."""
+    """value(K) per width: sum_c n_c E_c(K) / T(b, K) from the cells (``widths[0]`` = 0: n / T(b, 0), every
+    request commits one token; 0 where a cell has no usable step time), or, given a measured ``budget``, the
+    steady-step model :func:`steady_goodput` for every width. The one goodput formula of the width rule: the
+    rule and the controller's goodput table (:func:`plan_widths`) both read it from here."""
     n = sum(mix.values())
     out = []
     for i, k in enumerate(widths):
-        t = step_s[i]
-        if not (t > 0 and math.isfinite(t)) or n <= 0:
-            out.append(0.0)
-            continue
         committed = n if i == 0 else committed_per_step(mix, curves, k, default_curve)
-        value = committed / t
-        if budget is not None and _fills(n, committed, k, budget):
-            value = min(value, _through(n, committed, k, budget))
-        out.append(value)
+        if budget is not None:
+            out.append(steady_goodput(n, committed, k, budget))
+            continue
+        t = step_s[i]
+        out.append(committed / t if t > 0 and math.isfinite(t) and n > 0 else 0.0)
     return out
+
+
+def margin_steps(steps: Sequence[float], budget: TokenBudget | None) -> Sequence[float]:
+    """The evidence behind each width's value: its cell's steps, or under the steady-step model the steps of
+    the engine's fit (one fit prices every width)."""
+    return steps if budget is None else (budget.steps,) * len(steps)
 
 
 def choose_width(
@@ -149,8 +187,9 @@ def choose_width(
     """The width rule for one step. ``widths`` ascending with 0 first; ``step_s[i]``/``steps[i]`` the cell's
     step time and measured steps at ``widths[i]`` for this step's batch bucket; ``curves[c][K]`` = E_c(K)
     (a category without a curve uses ``default_curve``; a curve shorter than K is extended flat); ``budget``
-    what the engine measured about its token budget (None: no cap)."""
-    return _pick(width_values(mix, curves, widths, step_s, default_curve, budget), widths, steps)
+    what the engine measured about its token budget and step cost (None: the cells price every width)."""
+    return _pick(width_values(mix, curves, widths, step_s, default_curve, budget), widths,
+                 margin_steps(steps, budget))
 
 
 def _pick(values: Sequence[float], widths: Sequence[int], steps: Sequence[float]) -> WidthChoice:
@@ -173,7 +212,7 @@ class WidthRow:
     width: int
     step_s: float
     steps: float
-    goodput: float  # sum_c n_c E_c(K) / T(b, K), committed tokens per second (0: the cell has no step time)
+    goodput: float  # committed tokens per second (width_values; 0: the cell has no step time)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,12 +243,12 @@ def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapp
     """The width :func:`choose_width` picks for a step of ``batch`` requests, ``mix`` of them per category, on
     the cell table ``view``, and the goodput table behind it. The controller's policy and ``specctl replay``
     price graph-shaped engines with this, so they show the width the engine runs (its exploration steps and
-    its fast acceptance blend aside, and the token-budget cap the engine applies from what it measured
+    its fast acceptance blend aside, and the steady-step model the engine applies from what it measured
     itself unless ``budget`` is given), not one of their own."""
     b = max(int(batch), 1)
     step_s, steps = view.row(b)
     values = width_values(mix, curves, view.widths, step_s, default_curve, budget)
-    choice = _pick(values, view.widths, steps)
+    choice = _pick(values, view.widths, margin_steps(steps, budget))
     rows = tuple(WidthRow(width=k, step_s=step_s[i], steps=steps[i], goodput=values[i])
                  for i, k in enumerate(view.widths))
     return WidthPlan(width=choice.width, batch=b, rows=rows)

@@ -144,19 +144,36 @@ def test_budget_meter_measures_full_steps_and_prompt_tokens_per_committed_token(
     assert meter.current() is None
     for _ in range(int(MIN_FULL_STEPS) + 10):
         meter.observe(2048, 1040, 520, 0.0567)  # a full step: 2 prompt tokens per committed token
-        meter.observe(900, 0, 300, 0.020)  # not full: its time says nothing about the budget
-        meter.observe(2048, 0, 0, None)  # full, but no interval (the engine was idle before it)
+        meter.observe(2048, 0, 0, None)  # full, but no interval (the engine was idle before it): not timed
     budget = meter.current()
     assert budget is not None and budget.tokens == 2048
     assert budget.capacity == pytest.approx(2048 / 0.0567)
-    assert budget.rho == pytest.approx(1040 / 820, rel=0.01)  # decay weighs the three step kinds a little apart
+    assert budget.rho == pytest.approx(1040 / 520, rel=0.01)
+    assert budget.fixed_s == 0.0  # only full steps: nothing to fit a line to
     few = BudgetMeter(2048)
     for _ in range(5):
         few.observe(2048, 1000, 500, 0.05)
     assert few.current() is None  # a handful of full steps is not evidence
 
 
-def test_the_chooser_caps_widths_that_fill_the_measured_budget() -> None:
+def on_line(tokens: int, fixed_s: float = 0.010, full_s: float = 0.0567) -> float:
+    return fixed_s + (full_s - fixed_s) * tokens / 2048
+
+
+def test_budget_meter_fits_the_fixed_part_of_a_step_through_the_full_step() -> None:
+    meter = BudgetMeter(2048)
+    for _ in range(60):
+        meter.observe(2048, 1040, 520, 0.0567)
+        meter.observe(1024, 500, 300, on_line(1024))
+        meter.observe(600, 300, 200, on_line(600))
+    budget = meter.current()
+    assert budget is not None
+    assert budget.fixed_s == pytest.approx(0.010, rel=0.02)
+    assert budget.per_token_s == pytest.approx((0.0567 - 0.010) / 2048, rel=0.02)
+    assert budget.steps == pytest.approx(sum(0.995**i for i in range(180)), rel=0.01)  # decayed, every timed step
+
+
+def test_the_chooser_prices_widths_with_the_measured_step_cost_where_the_budget_binds() -> None:
     rig = Rig(GRAPH)
     row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
                              step_s=[[21.5e-3, 28.3e-3, 34.9e-3, 44.8e-3, 62.9e-3]], steps=[[142.0, 2.0, 2.0, 3.0, 1.0]])
@@ -164,11 +181,13 @@ def test_the_chooser_caps_widths_that_fill_the_measured_budget() -> None:
     table = rig.holder.current(rig.clock())
     mix = {"json": 105, "prose": 104}
     free = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
-    capped = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, token_budget=2048)
-    for _ in range(40):
-        capped.budget.observe(2048, 1040, 520, 0.0567)
+    measured = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, token_budget=2048)
+    for _ in range(40):  # session 5 at 256 requests: full steps of 56.7 ms, a fixed 10 ms of every step
+        measured.budget.observe(2048, 1040, 520, 0.0567)
+        measured.budget.observe(1400, 700, 350, on_line(1400))
     assert free.choose(mix, table, 209) == 4  # the cells alone: K4 1 % above K2
-    assert capped.choose(mix, table, 209) == 2
+    assert measured.choose(mix, table, 209) == 2  # as the static engines measured
+    assert measured.choose({"json": 16}, table, 16) == free.choose({"json": 16}, table, 16)  # no width fills it
 
 
 def test_the_hook_feeds_the_budget_meter_from_its_steps() -> None:

@@ -11,9 +11,11 @@ from specctl_vllm.controller.core.model.widths import (
     budget_goodput,
     choose_width,
     expected_lengths,
+    fixed_step_s,
     geometric_lengths,
     margin,
     plan_widths,
+    steady_regime,
 )
 
 WIDTHS = (0, 1, 2, 4, 7)
@@ -51,45 +53,85 @@ def test_choice_table(mix, step_ms, steps, want) -> None:
 # The H200 controller's cell row for 193-256 requests at the end of session 5 (ms; steps), where every step of
 # the 256-request points carried a prompt: K > 0 had 1-3 decode steps, so the row is mostly the prior.
 C256_MS, C256_STEPS = (21.5, 28.3, 34.9, 44.8, 62.9), (142.0, 2.0, 2.0, 3.0, 1.0)
-# what the engine measured there: 2048-token full steps at 36631 tokens/s, 2 prompt tokens per committed token
-H200_BUDGET = TokenBudget(tokens=2048, capacity=36631.0, rho=2.0)
+# What the specctl engine's steps at 256 requests measured on the H200 (``python -m bench gpu.budget_model``):
+# full 2048-token steps at C tokens/s, the fixed part a of a step's time, 2 prompt tokens per committed token.
+S5_BUDGET = TokenBudget(tokens=2048, capacity=36185.0, rho=2.0, fixed_s=10.0e-3, steps=1809.0)
+S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3, steps=2193.0)
 
 
 @pytest.mark.parametrize(
     ("mix", "budget", "want"),
     [
-        # mixed c = 256: the cells rank K4 1 % above K2; K4 fills the budget (209 * (5 + 2 * 2.75) = 2193
-        # tokens) and is capped at 9588, K2 does not (1510 tokens): K2 (static engines: K2 10351, K4 9382)
+        # mixed c = 256: the cells (mostly the prior there) rank K4 1 % above K2; the static engines measured
+        # K2 10351, K1 9314, K4 9300
         ({"json": 105, "prose": 104}, None, 4),
-        ({"json": 105, "prose": 104}, H200_BUDGET, 2),
-        # high c = 256 (226 requests a step in session 5): K4 and K7 fill the budget, K2 (1841 tokens) does not
+        ({"json": 105, "prose": 104}, S5_BUDGET, 2),
+        ({"json": 125, "prose": 124}, S6_BUDGET, 2),
+        # high c = 256: K2 11339, K4 10951, K1 10711. Session 6 ran K1 here: its cap priced K2 by the budget
+        # and K1 by its decode-only cell, which leaves out the prompt tokens every step carried
         ({"json": 226}, None, 4),
-        ({"json": 226}, H200_BUDGET, 2),
-        # a budget no step fills changes nothing
-        ({"json": 105, "prose": 104}, TokenBudget(tokens=10**6, capacity=36631.0, rho=2.0), 4),
+        ({"json": 226}, S5_BUDGET, 2),
+        ({"json": 249}, S6_BUDGET, 2),
+        # low c = 256: K1 9589, plain 9513, K2 9022
+        ({"prose": 252}, S5_BUDGET, 1),
+        ({"prose": 252}, S6_BUDGET, 1),
+        # no fixed cost: every token costs 1 / C, so verifying drafts only spends the budget
+        ({"json": 226}, TokenBudget(tokens=2048, capacity=36185.0, rho=2.0), 0),
     ],
 )
-def test_the_token_budget_caps_widths_that_fill_it(mix, budget, want) -> None:
+def test_the_steady_step_model_prices_the_widths_where_the_budget_binds(mix, budget, want) -> None:
     curves = {"json": HIGH, "prose": LOW}
     got = choose_width(mix, curves, WIDTHS, [t / 1e3 for t in C256_MS], C256_STEPS, budget=budget)
     assert got.width == want
 
 
-def test_budget_goodput_is_capacity_over_tokens_per_committed_token() -> None:
+def test_steady_goodput_is_the_budget_split_where_a_width_fills_it() -> None:
     mix, curves = {"json": 100, "prose": 100}, {"json": HIGH, "prose": LOW}
     e4 = (HIGH[4] + LOW[4]) / 2
-    assert budget_goodput(mix, curves, 4, H200_BUDGET) == pytest.approx(36631.0 / (5 / e4 + 2.0))
-    assert budget_goodput(mix, curves, 0, H200_BUDGET) == pytest.approx(36631.0 / 3.0)  # plain: 1 + rho tokens
-    assert budget_goodput({}, curves, 4, H200_BUDGET) == 0.0
-    assert budget_binds({"json": 256}, curves, 2, H200_BUDGET)  # 256 * (3 + 2 * 2.57) = 2085
-    assert not budget_binds({"json": 64}, curves, 7, H200_BUDGET)  # 64 * (8 + 2 * 4.84) = 1131
-    # the cap only lowers a value: plan_widths shows the capped goodput in its rows
+    for budget in (S5_BUDGET, S6_BUDGET, TokenBudget(tokens=2048, capacity=36185.0, rho=2.0)):
+        # K4 fills 2048 tokens (200 * (5 + 2 * 2.75) = 2100): a full step whatever a is
+        assert budget_binds(mix, curves, 4, budget)
+        assert budget_goodput(mix, curves, 4, budget) == pytest.approx(budget.capacity / (5 / e4 + 2.0))
+    # plain does not fill it (200 * 3 = 600 tokens): one fixed cost a for 200 committed tokens
+    b = S6_BUDGET.per_token_s
+    assert b == pytest.approx((2048 / 37448.0 - 19.7e-3) / 2048)
+    assert budget_goodput(mix, curves, 0, S6_BUDGET) == pytest.approx(200 / (19.7e-3 + b * 600))
+    assert budget_goodput({}, curves, 4, S6_BUDGET) == 0.0
+    assert budget_binds({"json": 256}, curves, 2, S6_BUDGET)  # 256 * (3 + 2 * 2.57) = 2085
+    assert not budget_binds({"json": 64}, curves, 7, S6_BUDGET)  # 64 * (8 + 2 * 4.84) = 1131
+    # the goodput table shows what the rule priced: the model's values, not the cells'
     view = CellView(batch_edges=(256,), widths=WIDTHS, step_s=(tuple(t / 1e3 for t in C256_MS),), steps=(C256_STEPS,))
-    capped = plan_widths(view, curves, {"json": 105, "prose": 104}, 209, budget=H200_BUDGET)
-    free = plan_widths(view, curves, {"json": 105, "prose": 104}, 209)
-    assert capped.width == 2 and free.width == 4
-    assert all(c.goodput <= f.goodput for c, f in zip(capped.rows, free.rows))
-    assert capped.row(4).goodput == pytest.approx(budget_goodput({"json": 105, "prose": 104}, curves, 4, H200_BUDGET))
+    modelled = plan_widths(view, curves, {"json": 105, "prose": 104}, 209, budget=S5_BUDGET)
+    cells = plan_widths(view, curves, {"json": 105, "prose": 104}, 209)
+    assert modelled.width == 2 and cells.width == 4
+    for k in WIDTHS:
+        assert modelled.row(k).goodput == pytest.approx(budget_goodput({"json": 105, "prose": 104}, curves, k, S5_BUDGET))
+
+
+@pytest.mark.parametrize(
+    ("full_s", "points", "want_ms"),
+    [
+        # steps on the line 10 ms + 0.0227 ms per token, full at 2048: the fit recovers a
+        (0.0565, ((1024, 0.0332), (512, 0.0216), (1536, 0.0449)), 10.0),
+        # steps dearer than a full step when smaller: b held at 0, a = the full step
+        (0.0500, ((1024, 0.0600),), 50.0),
+        # steps cheaper than tokens / C: b held at full_s / B, a = 0
+        (0.0500, ((1024, 0.0100),), 0.0),
+        # nothing but full steps: nothing to fit, a = 0
+        (0.0500, (), 0.0),
+    ],
+)
+def test_fixed_step_cost_is_the_line_through_the_full_step(full_s, points, want_ms) -> None:
+    dd = sum((2048 - x) ** 2 for x, _ in points)
+    d = sum(2048 - x for x, _ in points)
+    dy = sum((2048 - x) * y for x, y in points)
+    assert fixed_step_s(full_s, 2048, dd, d, dy) * 1e3 == pytest.approx(want_ms, abs=0.2)
+
+
+def test_the_steady_regime_starts_where_the_widest_width_could_fill_the_budget() -> None:
+    assert steady_regime(256, 7, S6_BUDGET)  # 256 * 8 * 3 = 6144 tokens
+    assert not steady_regime(64, 7, S6_BUDGET)  # 1536
+    assert steady_regime(64, 7, TokenBudget(tokens=1024, capacity=1.0, rho=2.0))
 
 
 def test_unmeasured_cells_need_a_large_modelled_gain() -> None:

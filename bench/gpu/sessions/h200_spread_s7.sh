@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Session 7 of the `spread` sweep (planned, not run yet), in one background run, in this order of priority:
+#   specctl with the steady-step model at budget-bound points (the fix of session 6's K = 1 at high c = 256),
+#   into a file of its own;
+#   beside it in the same file, the static engines that were best at c = 64 and 256 in sessions 4-6 (plain on
+#   high, k2 at c = 64 and 256), so those points get a same-session reference (session 6's host was slower at
+#   c >= 16 and its ratios against older rows decided nothing);
+#   the oracle (its pins from the static rows of sessions 4-6, seeded into the file below);
+#   the widths at c = 256, mixed and high (specctl pinned at K = 0, 1, 2, 4), into a file of its own;
+#   ktable's two points session 6 left (c = 256 on low and mixed), then ktable as shipped.
+set -uo pipefail
+END=$(( $(date +%s) + ${SWEEP_BUDGET_S:-1480} ))
+OUTDIR="${SPECCTL_BG_OUT:?}"
+R=bench/gpu/results/steady
+RESULTS="$OUTDIR/h200_steady_spread_s7.jsonl"
+ORACLE="$OUTDIR/h200_steady_spread_oracle_s7.jsonl"
+[[ -f "$ORACLE" ]] || python3 - "$ORACLE" "$R/h200_steady_spread_2026-12-02_s6.jsonl" \
+    "$R/h200_steady_spread_2026-12-01_s5.jsonl" "$R/h200_steady_spread_k1_2026-12-01_s5.jsonl" \
+    "$R/h200_steady_spread_2026-12-01_s4.jsonl" <<'PY'
+import json, sys
+out, *sources = sys.argv[1:]
+static = {"plain", "k1", "k2", "k4", "k7"}
+seen = set()
+with open(out, "w") as f:
+    for path in sources:  # newest first: where an engine and point repeat, the newer row wins
+        for line in open(path):
+            row = json.loads(line)
+            key = (row.get("engine"), row.get("profile"), row.get("concurrency"))
+            if row.get("kind") == "row" and row.get("engine") in static and key not in seen:
+                seen.add(key)
+                f.write(line if line.endswith("\n") else line + "\n")
+PY
+[[ -f "$OUTDIR/h200_steady_spread_ktable_s7.jsonl" ]] || \
+    cp "$R/h200_steady_spread_ktable_2026-12-02_s6.jsonl" "$OUTDIR/h200_steady_spread_ktable_s7.jsonl"
+COMMON=(--state-dir /root/specctl-gpu/spread-state --allow-partial --workload spread --grace-s 10)
+left() { echo $(( END - $(date +%s) )); }
+sweep() { local b; b=$(left); ((b > 60)) || { echo "== no time left for: $*"; return 0; }
+          echo "== $(date +%T) budget ${b}s: $*"; PYTHONUNBUFFERED=1 python3 -m bench gpu.sweep "${COMMON[@]}" --budget-s "$b" "$@"; }
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles high --concurrency 64,256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k2 --concurrency 64,256
+sweep --results "$ORACLE" --mirror "$OUTDIR/mirror_oracle" --only oracle
+sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
+      --premise-profile mixed,high --premise-concurrency 256 --premise-ks 0,1,2,4
+sweep --results "$OUTDIR/h200_steady_spread_ktable_s7.jsonl" --mirror "$OUTDIR/mirror_kt" --only ktable \
+      --ktable-backports drafter_graphs
+sweep --results "$OUTDIR/h200_steady_spread_ktable_shipped.jsonl" --mirror "$OUTDIR/mirror_kt0" --only ktable \
+      --ktable-backports off
+cp /root/specctl-gpu/spread-state/*.log "$OUTDIR/" 2>/dev/null || true
+echo "== $(date +%T) done"
