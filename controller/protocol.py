@@ -41,6 +41,9 @@ MAX_METHODS = 16
 #: Largest ``seq`` (and policy version): 2**53 - 1 is the largest integer every JSON reader and Prometheus
 #: sample (a float64) holds exactly; at 100 batches a second an engine reaches it in 2.8 million years.
 MAX_SEQ = 2**53 - 1
+#: Largest step token budget an engine may report: vLLM's default is 2048-16384; 2**24 leaves room for any
+#: configuration and keeps the steady-step model's sums of squares far from float64's exact-integer range.
+MAX_TOKEN_BUDGET = 2**24
 
 #: Names other tools rely on.
 CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
@@ -182,6 +185,11 @@ class SpecConfig(_Strict):
         default_factory=list, max_length=MAX_K + 1,
         description="graph-shaped engines: the proposal widths the engine captured full CUDA graphs for and picks "
         "one of per step (ascending, 0 first); empty for per-request k",
+    )
+    token_budget: int | None = Field(
+        default=None, ge=1, le=MAX_TOKEN_BUDGET,
+        description="graph-shaped engines: tokens one step may schedule (vLLM's max_num_batched_tokens); with it "
+        "the controller prices budget-bound steps as the engine does (the steady-step model)",
     )
 
     @model_validator(mode="after")

@@ -42,10 +42,13 @@ class EngineSpec:
     #: Graph-shaped engines: the widths with captured full graphs (ascending, 0 first); () = per-request k.
     graph_widths: tuple[int, ...] = ()
 
-    def to_protocol(self) -> protocol.SpecConfig:
+    def to_protocol(self, token_budget: int | None = None) -> protocol.SpecConfig:
+        """The spec the engine reports; ``token_budget`` only for graph-shaped engines, whose width rule uses it."""
         return protocol.SpecConfig(
             method=self.method, k_max=self.k_max, model_free_methods=list(self.model_free_methods),
             full_cuda_graphs=self.full_cuda_graphs, graph_widths=list(self.graph_widths),
+            token_budget=(token_budget if self.graph_widths and token_budget
+                          and token_budget <= protocol.MAX_TOKEN_BUDGET else None),
         )
 
 

@@ -160,7 +160,8 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
             engine_id=settings.engine_id or default_engine_id(rank),
             boot_id=uuid.uuid4().hex[:16],
             model_name=served_model_name(config),
-            spec=engine.to_protocol(),
+            spec=engine.to_protocol(hook.widths.budget.tokens if hook.widths is not None and hook.widths.budget is not None
+                                    else None),
         )
         reporter = Reporter(settings, queue, holder, identity)
         reporter.start()

@@ -28,15 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specctl_vllm.controller.core.model.widths import (
-    COLD_BETA,
-    TokenBudget,
-    choose_width,
-    fixed_step_s,
-    geometric_lengths,
-    steady_regime,
-)
+from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter
+from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths, steady_regime
 from specctl_vllm.engine_patch.policy_table import PolicyTable
+
+__all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "WidthChooser"]
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
 FAST_DECAY = 0.98
@@ -46,60 +42,6 @@ FAST_HALF_WEIGHT = 100.0
 FAST_MAX_WEIGHT = 0.5
 #: Steps between two re-blends of a category's curve (the fast sums move little in 8 steps).
 CURVE_REFRESH_STEPS = 8
-
-
-#: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
-#: so a change of prompt lengths or load moves the steady-step model within seconds.
-BUDGET_DECAY = 0.995
-#: A step that scheduled at least this share of the budget filled it.
-FULL_SHARE = 0.97
-#: Decayed full steps before the steady-step model is trusted: the mean of a few dozen full steps is stable.
-MIN_FULL_STEPS = 20.0
-
-
-class BudgetMeter:
-    """What the engine measured about its step token budget and its step cost: the decayed mean time of the
-    steps that filled it, the line ``a + b * tokens`` through that full step fitted to every step's time, and
-    the decayed prompt tokens per committed token. No I/O; O(1) per step."""
-
-    def __init__(self, tokens: int) -> None:
-        self.tokens = tokens
-        self._full = [0.0, 0.0]  # seconds, steps
-        self._prompt = [0.0, 0.0]  # prompt tokens, committed tokens
-        # sums over every timed step of d = B - tokens: sum d^2, sum d, sum d * seconds, steps
-        self._line = [0.0, 0.0, 0.0, 0.0]
-
-    def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None) -> None:
-        full, ratio, line = self._full, self._prompt, self._line
-        full[0] *= BUDGET_DECAY
-        full[1] *= BUDGET_DECAY
-        ratio[0] = ratio[0] * BUDGET_DECAY + max(prompt, 0)
-        ratio[1] = ratio[1] * BUDGET_DECAY + max(committed, 0)
-        for i in range(4):
-            line[i] *= BUDGET_DECAY
-        if interval_s is None or interval_s <= 0:
-            return
-        if scheduled >= FULL_SHARE * self.tokens:
-            full[0] += interval_s
-            full[1] += 1.0
-        d = float(max(self.tokens - scheduled, 0))
-        line[0] += d * d
-        line[1] += d
-        line[2] += d * interval_s
-        line[3] += 1.0
-
-    def current(self) -> TokenBudget | None:
-        seconds, steps = self._full
-        if steps < MIN_FULL_STEPS or seconds <= 0 or self._prompt[1] <= 0:
-            return None
-        full_s = seconds / steps
-        return TokenBudget(tokens=self.tokens, capacity=self.tokens / full_s,
-                           rho=self._prompt[0] / self._prompt[1], fixed_s=self._fixed_s(full_s),
-                           steps=self._line[3])
-
-    def _fixed_s(self, full_s: float) -> float:
-        dd, d, dy, _ = self._line
-        return fixed_step_s(full_s, self.tokens, dd, d, dy)
 
 
 class WidthChooser:
@@ -173,7 +115,7 @@ class WidthChooser:
                 self.width = self.widths[j]
                 return self.width
         budget = self.budget.current() if self.budget is not None else None
-        if budget is not None and not steady_regime(batch, self.k_max, budget):
+        if budget is not None and not steady_regime(batch, self.widths[-1], budget):
             budget = None
         self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
                                   budget=budget).width

@@ -33,6 +33,7 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from bench.gpu.steady_widths import read_batches
+from specctl_vllm.controller.core.model.budget import FULL_SHARE
 from specctl_vllm.controller.core.model.widths import (
     TokenBudget,
     budget_binds,
@@ -41,7 +42,6 @@ from specctl_vllm.controller.core.model.widths import (
     geometric_lengths,
     steady_regime,
 )
-from specctl_vllm.engine_patch.widths import FULL_SHARE
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048

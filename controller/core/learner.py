@@ -19,6 +19,7 @@ from specctl_vllm.controller.core.cost_fit import OnlineCostModel
 from specctl_vllm.controller.core.engines import COUNTER_CAP
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.core.model.budget import BudgetMeter
 from specctl_vllm.controller.core.model.cells import CellTable
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import (
@@ -65,6 +66,8 @@ MIN_STEP_S = 1e-6
 #: ... nor verifies a token in less than a nanosecond (an H200 spends about 10 us per decode token, prefill
 #: well above 0.1 us): a step reporting less time for its tokens is not learned from either.
 MIN_TOKEN_S = 1e-9
+#: Token-budget meters one model keeps (engines of one model with different max_num_batched_tokens).
+MAX_BUDGET_METERS = 4
 
 
 def _count(value: object) -> int:
@@ -94,7 +97,21 @@ class BatchDigest:
     dropped_methods: int
     #: graph-shaped decode steps: (batch size, width, seconds) for the step-cost cell table
     cell_samples: list[tuple[int, int, float]] = field(default_factory=list)
+    #: graph-shaped engines that report their token budget: (budget, [(scheduled, prompt, committed,
+    #: interval_s) per step]) for the steady-step model's meter
+    budget_samples: tuple[int, list[tuple[int, int, int, float | None]]] | None = None
 
+
+
+def budget_sample(step: StepRecord) -> tuple[int, int, int, float | None]:
+    """(scheduled, prompt, committed tokens, interval_s) of a step for the token-budget meter, with the
+    engine's count of committed tokens: one per request plus every accepted draft really run."""
+    committed = 0
+    for cs in step.categories:
+        committed += cs.requests
+        for h in cs.hists:
+            committed += sum(map(mul, range(len(h.accepted)), h.accepted))
+    return step.scheduled_tokens, step.prefill_tokens, committed, step.interval_s
 
 
 def cell_sample(step: StepRecord) -> tuple[int, int, float] | None:
@@ -117,6 +134,9 @@ class ModelState:
         self.mix = Mix()
         self.cost = OnlineCostModel(preset, settings.cost_prior_strength)
         self.cells = CellTable()
+        #: step token budget -> the steady-step model's meter, fed from the steps as the engine feeds its own;
+        #: not persisted (full steps re-measure it within seconds of a budget-bound load)
+        self.budgets: dict[int, BudgetMeter] = {}
 
     # -- ingest ---------------------------------------------------------------------------------------------
     def digest(self, batch: TelemetryBatch, cap: int) -> BatchDigest:
@@ -132,12 +152,16 @@ class ModelState:
         overflowed = dropped = busy = busy_req = extra = 0
         extra_values: list[int] = []
         cell_samples: list[tuple[int, int, float]] = []
+        budget = batch.spec.token_budget if batch.spec.graph_widths else None
+        budget_samples: list[tuple[int, int, int, float | None]] = []
         seconds = 0.0
         for step in batch.steps:
             seconds += step.wall_s
             sample = cell_sample(step)
             if sample is not None:
                 cell_samples.append(sample)
+            if budget is not None and step.scheduled_tokens > 0:
+                budget_samples.append(budget_sample(step))
             if step.batch_size > 0:
                 busy += 1
                 busy_req += step.batch_size
@@ -194,7 +218,7 @@ class ModelState:
         committed = _committed_tokens(requests, hists)
         return BatchDigest(hists, dict(asks), dict(requests), committed, dict(spec_off), dict(requests), shapes, busy,
                            busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped,
-                           cell_samples)
+                           cell_samples, (budget, budget_samples) if budget is not None else None)
 
     def apply(self, d: BatchDigest, now: float, s: LearnerSettings, engine_mix: Mix) -> None:
         for cat in d.new_categories:
@@ -234,6 +258,23 @@ class ModelState:
             self.cells.decay_to(now, s.cost_half_life_s)
             for n, width, seconds in d.cell_samples:
                 self.cells.add(n, width, seconds)
+        if d.budget_samples is not None:
+            meter = self.budget_meter(d.budget_samples[0], create=True)
+            for scheduled, prompt, committed, interval in d.budget_samples[1]:
+                meter.observe(scheduled, prompt, committed, interval)
+
+    def budget_meter(self, tokens: int, create: bool = False) -> BudgetMeter | None:
+        """The meter of the engines of this model with a ``tokens`` step budget (at most MAX_BUDGET_METERS:
+        the least recently fed one goes; a meter re-measures within seconds of load)."""
+        meter = self.budgets.get(tokens)
+        if meter is None and create:
+            if len(self.budgets) >= MAX_BUDGET_METERS:
+                del self.budgets[next(iter(self.budgets))]
+            meter = BudgetMeter(tokens)
+        if meter is not None and create:
+            self.budgets.pop(tokens, None)
+            self.budgets[tokens] = meter  # most recently fed last
+        return meter
 
     # -- reading --------------------------------------------------------------------------------------------
     def pooled(self, method: str, now: float, half_life_s: float) -> AcceptanceEstimator:

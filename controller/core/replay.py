@@ -189,10 +189,11 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     rows: dict[str, dict] = {}
     if graph:
         view = whatif.cell_view(batches, widths, PRESETS[preset])
+        budget = whatif.measured_budget(batches)
         curves = whatif.graph_curves(work, profiles, spec.method, k_top)
 
         def at(width: int) -> whatif.Estimate:
-            return whatif.graph_estimate(work, curves, view, width, batch_size)
+            return whatif.graph_estimate(work, curves, view, width, batch_size, budget)
 
     def row(name: str, choice: Mapping[str, token_traces.Profile], e: whatif.Estimate | None = None, **extra) -> None:
         e = e or whatif.estimate(work, choice, cost, batch_size, corr)
@@ -233,7 +234,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
                              "cannot run it)")
         elif name == "oracle":
             if graph:  # the best width in hindsight, without the rule's margin
-                best = max(whatif.graph_plan(work, curves, view, batch_size).rows, key=lambda r: r.goodput)
+                best = max(whatif.graph_plan(work, curves, view, batch_size, budget).rows, key=lambda r: r.goodput)
                 row("oracle", whatif.uniform(work, profiles, spec.method, best.width), at(best.width),
                     width=best.width)
             else:

@@ -56,11 +56,12 @@ import numpy as np
 from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.learner import cell_sample
+from specctl_vllm.controller.core.learner import budget_sample, cell_sample
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
+from specctl_vllm.controller.core.model.budget import BudgetMeter
 from specctl_vllm.controller.core.model.cells import CellTable, CellView
 from specctl_vllm.controller.core.model.search import search
-from specctl_vllm.controller.core.model.widths import WidthPlan, plan_widths
+from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths, steady_regime
 from specctl_vllm.controller.core.token_traces import OFF, Profile
 from specctl_vllm.controller.drafters import is_model_free, resolve
 from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
@@ -348,16 +349,36 @@ def graph_curves(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int],
     return out
 
 
+def measured_budget(batches: Sequence[TelemetryBatch]) -> TokenBudget | None:
+    """What the recording's steps measured about the engine's token budget, fed to the engine's own meter in
+    the order they ran (graph-shaped engines that report their budget; the last budget reported wins)."""
+    meters: dict[int, BudgetMeter] = {}
+    last = None
+    for b in batches:
+        tokens = b.spec.token_budget if b.spec.graph_widths else None
+        if not tokens:
+            continue
+        meter = meters.setdefault(tokens, BudgetMeter(tokens))
+        last = tokens
+        for st in b.steps:
+            if st.scheduled_tokens > 0:
+                meter.observe(*budget_sample(st))
+    return meters[last].current() if last is not None else None
+
+
 def graph_plan(work: Workload, curves: Mapping[str, Sequence[float]], view: CellView,
-               batch_size: float | None = None) -> WidthPlan:
+               batch_size: float | None = None, budget: TokenBudget | None = None) -> WidthPlan:
+    """The width rule on the recorded mix at batch B: the cells, or the steady-step model of ``budget`` where
+    the widest width could fill it (as the engine decides)."""
     b = float(batch_size or work.batch_size or 1.0)
-    return plan_widths(view, curves, graph_mix(work, b), round(b))
+    steady = budget if budget is not None and steady_regime(round(b), view.widths[-1], budget) else None
+    return plan_widths(view, curves, graph_mix(work, b), round(b), budget=steady)
 
 
 def graph_estimate(work: Workload, curves: Mapping[str, Sequence[float]], view: CellView, width: int,
-                   batch_size: float | None = None) -> Estimate:
-    """Goodput of the recorded mix with every step at ``width``, priced by its cell."""
-    row = graph_plan(work, curves, view, batch_size).row(width)
+                   batch_size: float | None = None, budget: TokenBudget | None = None) -> Estimate:
+    """Goodput of the recorded mix with every step at ``width``, priced as :func:`graph_plan` prices it."""
+    row = graph_plan(work, curves, view, batch_size, budget).row(width)
     if row.step_s <= 0:
         return Estimate(0.0, 0.0, {})
     per = {c: curves[c][min(width, len(curves[c]) - 1)] / row.step_s for c in curves}

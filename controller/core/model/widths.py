@@ -81,10 +81,10 @@ class TokenBudget:
         return max(self.tokens / self.capacity - self.fixed_s, 0.0) / self.tokens
 
 
-def steady_regime(batch: int, k_max: int, budget: TokenBudget) -> bool:
-    """Whether the widest width could fill the budget at this batch (E(K) <= 1 + K bounds its prompt tokens):
-    below, no width can, and the decode-only cells price the widths."""
-    return batch * (1 + k_max) * (1 + budget.rho) >= budget.tokens
+def steady_regime(batch: int, widest: int, budget: TokenBudget) -> bool:
+    """Whether the widest width of the set could fill the budget at this batch (E(K) <= 1 + K bounds its prompt
+    tokens): below, no width can, and the decode-only cells price the widths."""
+    return batch * (1 + widest) * (1 + budget.rho) >= budget.tokens
 
 
 def fixed_step_s(full_s: float, tokens: int, dd: float, d: float, dy: float) -> float:
@@ -130,7 +130,8 @@ def steady_goodput(n: float, committed: float, k: int, budget: TokenBudget) -> f
     per_request = (1 + k) + budget.rho * per_commit
     held = min(n, budget.tokens / per_request)
     step_s = budget.fixed_s + budget.per_token_s * held * per_request
-    return held * per_commit / step_s if step_s > 0 else 0.0
+    value = held * per_commit / step_s if step_s > 0 else 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,8 +244,9 @@ def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapp
     """The width :func:`choose_width` picks for a step of ``batch`` requests, ``mix`` of them per category, on
     the cell table ``view``, and the goodput table behind it. The controller's policy and ``specctl replay``
     price graph-shaped engines with this, so they show the width the engine runs (its exploration steps and
-    its fast acceptance blend aside, and the steady-step model the engine applies from what it measured
-    itself unless ``budget`` is given), not one of their own."""
+    its fast acceptance blend aside), not one of their own; ``budget`` is what they measured of the
+    engine's token budget with its own estimator (:class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`)
+    where :func:`steady_regime` holds, else None."""
     b = max(int(batch), 1)
     step_s, steps = view.row(b)
     values = width_values(mix, curves, view.widths, step_s, default_curve, budget)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import WidthPlan, plan_widths
+from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, KRow, PolicySnapshot
 from specctl_vllm.controller.protocol import METHOD_OFF
 
@@ -56,14 +56,17 @@ def _own_speedup(plan: WidthPlan, curve: Sequence[float], width: int) -> float:
 
 
 def decide(snap: PolicySnapshot, view: CellView, curves: Mapping[str, Sequence[float]],
-           default_curve: Sequence[float]) -> Decision:
+           default_curve: Sequence[float], budget: TokenBudget | None = None) -> Decision:
+    """``budget``: what the engine's steps measured about its token budget, where the steady-step model
+    prices this batch (:func:`~specctl_vllm.controller.core.model.widths.steady_regime`); None: the cells."""
     mix = mix_of(snap)
-    plan = plan_widths(view, curves, mix, round(snap.batch_size), default_curve)
+    plan = plan_widths(view, curves, mix, round(snap.batch_size), default_curve, budget)
     k, method = plan.width, snap.engine_method
     on = method if k else METHOD_OFF
     chosen, plain = plan.chosen, plan.plain
     ratio = chosen.goodput / plain.goodput if plain.goodput > 0 else 1.0
-    reason = f"graph-shaped engine: width {k} from the cell table at batch {plan.batch} ({ratio:.2f}x plain)"
+    source = "the cell table" if budget is None else "the steady-step model of the token budget"
+    reason = f"graph-shaped engine: width {k} from {source} at batch {plan.batch} ({ratio:.2f}x plain)"
     out = []
     for c in snap.categories:
         curve = curves.get(c.name, default_curve)

@@ -21,7 +21,7 @@ from specctl_vllm.controller.core.cost import CostCoefficients
 from specctl_vllm.controller.core.engines import EngineBook
 from specctl_vllm.controller.core.learner import ModelState
 from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import COLD_BETA, geometric_lengths
+from specctl_vllm.controller.core.model.widths import COLD_BETA, TokenBudget, geometric_lengths, steady_regime
 from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
 from specctl_vllm.controller.core.stages.snapshot import policy_snapshot
@@ -91,7 +91,16 @@ def _graph_decision(snap: PolicySnapshot, ms: ModelState | None, spec: SpecConfi
     cells, curves = graph_inputs(ms, spec, preset, config.learner)
     if cells is None:
         return None
-    return graph.decide(snap, cell_view(cells), curves, geometric_lengths(COLD_BETA, spec.k_max))
+    return graph.decide(snap, cell_view(cells), curves, geometric_lengths(COLD_BETA, spec.k_max),
+                        measured_budget(ms, spec, round(snap.batch_size)))
+
+
+def measured_budget(ms: ModelState | None, spec: SpecConfig, batch: int) -> TokenBudget | None:
+    """What the engine's own width rule prices this batch with beside the cells: the steady-step model's
+    reading of the steps this engine's budget saw, where the widest width could fill it. Reads only."""
+    meter = ms.budget_meter(spec.token_budget) if ms is not None and spec.token_budget else None
+    reading = meter.current() if meter is not None else None
+    return reading if reading is not None and steady_regime(batch, spec.graph_widths[-1], reading) else None
 
 
 def cell_view(cells: StepCells) -> CellView:

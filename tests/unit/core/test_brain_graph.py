@@ -71,3 +71,92 @@ def test_malformed_width_sets_are_refused_by_the_protocol(widths) -> None:
     with pytest.raises(ValidationError, match="graph_widths"):
         SpecConfig(method="eagle3", k_max=7, graph_widths=widths)
     assert SpecConfig(method="eagle3", k_max=7, graph_widths=[0, 7]).graph_widths == [0, 7]
+
+
+BUDGET_SPEC = GRAPH_SPEC.model_copy(update={"token_budget": 2048})
+
+
+def budget_bound_steps(n: int = 226, width: int = 2) -> list:
+    """Steps of a budget-bound load: every one carries prompts, some fill the 2048 tokens; their time is on
+    the line 10 ms + 0.0227 ms per token (session 5's H200 fit at 256 requests)."""
+    out = []
+    for tokens in (2048, 1400, 2048, 1700):
+        s = step([cat_step("json", n, JSON, k=width)], depth=width)
+        drafts = s.draft_tokens
+        out.append(s.model_copy(update={"width": width, "scheduled_tokens": tokens, "prefill_tokens": tokens - n - drafts,
+                                        "interval_s": 0.010 + 0.0465 * tokens / 2048}))
+    return out
+
+
+def test_the_controller_measures_the_token_budget_as_the_engine_does() -> None:
+    from specctl_vllm.controller.core.learner import budget_sample
+    from specctl_vllm.controller.core.model.budget import BudgetMeter
+
+    b, engine = brain(), BudgetMeter(2048)
+    for seq in range(12):
+        steps = budget_bound_steps()
+        b.ingest(batch(steps, seq, spec=BUDGET_SPEC), 1000.0 + seq)
+        for s in steps:
+            engine.observe(*budget_sample(s))
+    mine = b._models["m"].budget_meter(2048).current()
+    assert mine is not None and mine == engine.current()
+    assert mine.fixed_s == pytest.approx(0.010, rel=0.02) and mine.rho > 0
+    # an engine that does not report a budget feeds no meter; a read does not create one
+    other = brain()
+    other.ingest(batch(budget_bound_steps(), 0, spec=GRAPH_SPEC), 1000.0)
+    assert other._models["m"].budget_meter(2048) is None and other._models["m"].budgets == {}
+
+
+def test_the_policy_prices_a_budget_bound_batch_with_the_steady_step_model() -> None:
+    with_budget, cells_only = brain(), brain()
+    for seq in range(12):
+        with_budget.ingest(batch(budget_bound_steps(), seq, spec=BUDGET_SPEC), 1000.0 + seq)
+        cells_only.ingest(batch(budget_bound_steps(), seq, spec=GRAPH_SPEC), 1000.0 + seq)
+    modelled = with_budget.policy_for("m", BUDGET_SPEC, 1013.0, engine_id="e1").categories["json"]
+    priced_by_cells = cells_only.policy_for("m", GRAPH_SPEC, 1013.0, engine_id="e1").categories["json"]
+    assert "steady-step model" in modelled.reason and "cell table" in priced_by_cells.reason
+    # beta 0.85 at 226 requests with a 10 ms fixed cost: K = 2, as the H200's static engines measured
+    assert modelled.k == 2
+    # the cells there hold only their prior (every step carried prompts): plain, by the unmeasured margin
+    assert priced_by_cells.k == 0
+
+
+def test_replay_reads_the_recorded_budget_as_the_engine_metered_it() -> None:
+    from specctl_vllm.controller.core import whatif
+    from specctl_vllm.controller.core.learner import budget_sample
+    from specctl_vllm.controller.core.model.budget import BudgetMeter
+
+    batches = [batch(budget_bound_steps(), seq, spec=BUDGET_SPEC) for seq in range(12)]
+    engine = BudgetMeter(2048)
+    for b in batches:
+        for s in b.steps:
+            engine.observe(*budget_sample(s))
+    assert whatif.measured_budget(batches) == engine.current()
+    assert whatif.measured_budget([batch(budget_bound_steps(), 0, spec=GRAPH_SPEC)]) is None
+    assert whatif.measured_budget(batches[:2]) is None  # 4 full steps: below the evidence the engine needs
+
+
+@pytest.mark.parametrize("tokens", [0, -1, 2**24 + 1])
+def test_the_protocol_refuses_token_budgets_out_of_range(tokens) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="token_budget"):
+        SpecConfig(method="eagle3", k_max=7, graph_widths=[0, 7], token_budget=tokens)
+    assert SpecConfig(method="eagle3", k_max=7, graph_widths=[0, 7], token_budget=2**24).token_budget == 2**24
+
+
+@pytest.mark.parametrize(("tokens", "interval_s"), [(2**24, 3600.0), (2**24, 1e-300), (1, 5e-324), (2048, 0.0)])
+def test_extreme_but_valid_budgets_and_intervals_leave_the_policy_servable(tokens, interval_s) -> None:
+    import json
+    import math
+
+    spec = GRAPH_SPEC.model_copy(update={"token_budget": tokens})
+    b = brain()
+    for seq in range(30):
+        steps = [s.model_copy(update={"interval_s": interval_s}) for s in budget_bound_steps()]
+        b.ingest(batch(steps, seq, spec=spec), 1000.0 + seq)
+    reading = b._models["m"].budget_meter(tokens).current()
+    assert reading is None or (math.isfinite(reading.capacity) and math.isfinite(reading.fixed_s))
+    policy = b.policy_for("m", spec, 1031.0, engine_id="e1")
+    json.dumps(policy.model_dump(mode="json"), allow_nan=False)  # every figure it serves is finite
+    assert 0 <= policy.categories["json"].k <= 7

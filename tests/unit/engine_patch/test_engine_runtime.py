@@ -245,7 +245,7 @@ def test_a_call_of_another_shape_reaches_vllm_unchanged() -> None:
         # no attribute of its own: the config's
         (SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=8192))),
          8192),
-        # nonsense in either place: no budget, so no cap (the rule runs on its cells alone)
+        # nonsense in either place: no budget, so the rule runs on its cells alone
         (SimpleNamespace(max_num_scheduled_tokens=0, vllm_config=SimpleNamespace(scheduler_config=None)), None),
         (SimpleNamespace(max_num_scheduled_tokens=True), None),
         (SimpleNamespace(max_num_scheduled_tokens="2048"), None),
@@ -256,3 +256,19 @@ def test_token_budget_is_read_from_the_scheduler_or_its_config(scheduler, want) 
     from specctl_vllm.engine_patch.runtime import token_budget_of
 
     assert token_budget_of(scheduler) == want
+
+
+@pytest.mark.parametrize(
+    ("widths", "budget", "want"),
+    [
+        ((0, 1, 2, 4, 7), 2048, 2048),  # graph-shaped: the controller prices budget-bound steps as the engine does
+        ((), 2048, None),  # per-request k: no width rule, nothing to price
+        ((0, 1, 2, 4, 7), None, None),
+        ((0, 1, 2, 4, 7), 2**24 + 1, None),  # beyond what the protocol takes: not sent, never a refused batch
+    ],
+)
+def test_the_spec_carries_the_token_budget_of_graph_shaped_engines(widths, budget, want) -> None:
+    from specctl_vllm.engine_patch.policy_table import EngineSpec
+
+    spec = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=bool(widths), graph_widths=widths)
+    assert spec.to_protocol(budget).token_budget == want
