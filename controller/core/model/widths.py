@@ -155,18 +155,18 @@ def width_values(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]]
                  step_s: Sequence[float], default_curve: Sequence[float] = (1.0,),
                  budget: TokenBudget | None = None) -> list[float]:
     """value(K) per width: sum_c n_c E_c(K) / T(b, K) from the cells (``widths[0]`` = 0: n / T(b, 0), every
-    request commits one token; 0 where a cell has no usable step time), or, given a measured ``budget``, the
-    steady-step model :func:`steady_goodput` for every width. The one goodput formula of the width rule: the
+    request commits one token), or, given a measured ``budget``, the steady-step model :func:`steady_goodput`;
+    0 either way where a cell has no usable step time. The one goodput formula of the width rule: the
     rule and the controller's goodput table (:func:`plan_widths`) both read it from here."""
     n = sum(mix.values())
     out = []
     for i, k in enumerate(widths):
-        committed = n if i == 0 else committed_per_step(mix, curves, k, default_curve)
-        if budget is not None:
-            out.append(steady_goodput(n, committed, k, budget))
-            continue
         t = step_s[i]
-        out.append(committed / t if t > 0 and math.isfinite(t) and n > 0 else 0.0)
+        if not (t > 0 and math.isfinite(t)) or n <= 0:
+            out.append(0.0)  # a width the cells do not price (not in the controller's set) is not run
+            continue
+        committed = n if i == 0 else committed_per_step(mix, curves, k, default_curve)
+        out.append(committed / t if budget is None else steady_goodput(n, committed, k, budget))
     return out
 
 

@@ -195,3 +195,11 @@ def test_plan_widths_keeps_the_margin_on_an_unmeasured_width() -> None:
     dear = CellView(batch_edges=(4,), widths=(0, 1, 2), step_s=((0.010, 0.0125, 0.0145),), steps=((1e3, 0.0, 0.0),))
     plan = plan_widths(dear, {"b": B}, {"b": 4}, 4)  # K1 4.8/0.0125 = 384 below plain's 400
     assert plan.width == 0 and plan.chosen is plan.plain
+
+
+def test_a_width_the_cells_do_not_price_is_not_run_under_the_steady_step_model_either() -> None:
+    inf = float("inf")
+    row = [t / 1e3 for t in C256_MS]
+    row[2] = inf  # K = 2 missing from the controller's width set
+    got = choose_width({"json": 226}, {"json": HIGH}, WIDTHS, row, C256_STEPS, budget=S5_BUDGET)
+    assert got.width == 4  # the width the model ranks next after K = 2
