@@ -194,6 +194,10 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, applied_k: int | No
     try:
         seen = wait_for_window(suite.sampler, t_fault, lambda w: beyond(w, PINNED_K), POLICY_TTL_S + 8)
         report.notes["counters_left_k1_s"] = None if seen is None else round(seen.t1 - t_fault, 3)
+        if seen is not None:
+            # the window that first left k=1 may straddle the change; on a loaded host the sampler's windows
+            # grow, so wait (bounded) for one that lies wholly after it before healing
+            wait_for_window(suite.sampler, seen.t1, lambda w: w.drafts > 0, HOLD_AFTER_FALLBACK_S + 5)
         time.sleep(HOLD_AFTER_FALLBACK_S)
     finally:
         heal()  # whatever was observed, the next fault starts from a healthy controller
