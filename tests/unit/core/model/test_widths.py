@@ -54,9 +54,10 @@ def test_choice_table(mix, step_ms, steps, want) -> None:
 # the 256-request points carried a prompt: K > 0 had 1-3 decode steps, so the row is mostly the prior.
 C256_MS, C256_STEPS = (21.5, 28.3, 34.9, 44.8, 62.9), (142.0, 2.0, 2.0, 3.0, 1.0)
 # What the specctl engine's steps at 256 requests measured on the H200 (``python -m bench gpu.budget_model``):
-# full 2048-token steps at C tokens/s, the fixed part a of a step's time, 2 prompt tokens per committed token.
-S5_BUDGET = TokenBudget(tokens=2048, capacity=36185.0, rho=2.0, fixed_s=10.0e-3, steps=1809.0)
-S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3, steps=2193.0)
+# full 2048-token steps at C tokens/s, the fixed part a of a step's time, 2 prompt tokens per committed token;
+# 200 steps behind the fit, the most the engine's decayed meter holds.
+S5_BUDGET = TokenBudget(tokens=2048, capacity=36185.0, rho=2.0, fixed_s=10.0e-3, steps=200.0)
+S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3, steps=200.0)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +73,10 @@ S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3,
         ({"json": 226}, None, 4),
         ({"json": 226}, S5_BUDGET, 2),
         ({"json": 249}, S6_BUDGET, 2),
-        # low c = 256: K1 9589, plain 9513, K2 9022
-        ({"prose": 252}, S5_BUDGET, 1),
+        # low c = 256: K1 9589, plain 9513, K2 9022 (K1 and plain a 1 % tie). Session 5's fit puts K1 3 %
+        # above plain, inside the margin of a fit of 200 decayed steps: plain; session 6's (a twice as large)
+        # puts it 16 % above: K1
+        ({"prose": 252}, S5_BUDGET, 0),
         ({"prose": 252}, S6_BUDGET, 1),
         # no fixed cost: every token costs 1 / C, so verifying drafts only spends the budget
         ({"json": 226}, TokenBudget(tokens=2048, capacity=36185.0, rho=2.0), 0),
