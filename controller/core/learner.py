@@ -19,7 +19,7 @@ from specctl_vllm.controller.core.cost_fit import OnlineCostModel
 from specctl_vllm.controller.core.engines import COUNTER_CAP
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.mix import Mix
-from specctl_vllm.controller.core.model.budget import BudgetMeter
+from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample
 from specctl_vllm.controller.core.model.cells import CellTable
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import (
@@ -101,17 +101,6 @@ class BatchDigest:
     #: interval_s) per step]) for the steady-step model's meter
     budget_samples: tuple[int, list[tuple[int, int, int, float | None]]] | None = None
 
-
-
-def budget_sample(step: StepRecord) -> tuple[int, int, int, float | None]:
-    """(scheduled, prompt, committed tokens, interval_s) of a step for the token-budget meter, with the
-    engine's count of committed tokens: one per request plus every accepted draft really run."""
-    committed = 0
-    for cs in step.categories:
-        committed += cs.requests
-        for h in cs.hists:
-            committed += sum(map(mul, range(len(h.accepted)), h.accepted))
-    return step.scheduled_tokens, step.prefill_tokens, committed, step.interval_s
 
 
 def cell_sample(step: StepRecord) -> tuple[int, int, float] | None:

@@ -36,6 +36,7 @@ from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from specctl_vllm.controller.core.cost import PRESETS
 from specctl_vllm.controller.core.cost_fit import corrections
+from specctl_vllm.controller.core.model.budget import recorded_budget
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
@@ -189,7 +190,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     rows: dict[str, dict] = {}
     if graph:
         view = whatif.cell_view(batches, widths, PRESETS[preset])
-        budget = whatif.measured_budget(batches)
+        budget = recorded_budget(batches)
         curves = whatif.graph_curves(work, profiles, spec.method, k_top)
 
         def at(width: int) -> whatif.Estimate:

@@ -56,9 +56,8 @@ import numpy as np
 from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.learner import budget_sample, cell_sample
+from specctl_vllm.controller.core.learner import cell_sample
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
-from specctl_vllm.controller.core.model.budget import BudgetMeter
 from specctl_vllm.controller.core.model.cells import CellTable, CellView
 from specctl_vllm.controller.core.model.search import search
 from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths, steady_regime
@@ -347,23 +346,6 @@ def graph_curves(work: Workload, profiles: Mapping[str, Mapping[tuple[str, int],
         per = profiles.get(c, {})
         out[c] = (1.0, *(per[(method, k)].e if (method, k) in per else 1.0 for k in range(1, k_top + 1)))
     return out
-
-
-def measured_budget(batches: Sequence[TelemetryBatch]) -> TokenBudget | None:
-    """What the recording's steps measured about the engine's token budget, fed to the engine's own meter in
-    the order they ran (graph-shaped engines that report their budget; the last budget reported wins)."""
-    meters: dict[int, BudgetMeter] = {}
-    last = None
-    for b in batches:
-        tokens = b.spec.token_budget if b.spec.graph_widths else None
-        if not tokens:
-            continue
-        meter = meters.setdefault(tokens, BudgetMeter(tokens))
-        last = tokens
-        for st in b.steps:
-            if st.scheduled_tokens > 0:
-                meter.observe(*budget_sample(st))
-    return meters[last].current() if last is not None else None
 
 
 def graph_plan(work: Workload, curves: Mapping[str, Sequence[float]], view: CellView,

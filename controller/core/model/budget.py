@@ -8,7 +8,11 @@ runs, in its policy and in ``specctl replay``): both feed it every timed step of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import mul
+
 from specctl_vllm.controller.core.model.widths import TokenBudget, fixed_step_s
+from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
 
 #: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
 #: so a change of prompt lengths or load moves the steady-step model within seconds.
@@ -68,3 +72,29 @@ class BudgetMeter:
         return fixed_step_s(full_s, self.tokens, dd, d, dy)
 
 
+def budget_sample(step: StepRecord) -> tuple[int, int, int, float | None]:
+    """(scheduled, prompt, committed tokens, interval_s) of a step for the token-budget meter, with the
+    engine's count of committed tokens: one per request plus every accepted draft really run."""
+    committed = 0
+    for cs in step.categories:
+        committed += cs.requests
+        for h in cs.hists:
+            committed += sum(map(mul, range(len(h.accepted)), h.accepted))
+    return step.scheduled_tokens, step.prefill_tokens, committed, step.interval_s
+
+
+def recorded_budget(batches: Sequence[TelemetryBatch]) -> TokenBudget | None:
+    """What the recording's steps measured about the engine's token budget, fed to the engine's own meter in
+    the order they ran (graph-shaped engines that report their budget; the last budget reported wins)."""
+    meters: dict[int, BudgetMeter] = {}
+    last = None
+    for b in batches:
+        tokens = b.spec.token_budget if b.spec.graph_widths else None
+        if not tokens:
+            continue
+        meter = meters.setdefault(tokens, BudgetMeter(tokens))
+        last = tokens
+        for st in b.steps:
+            if st.scheduled_tokens > 0:
+                meter.observe(*budget_sample(st))
+    return meters[last].current() if last is not None else None

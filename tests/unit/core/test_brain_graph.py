@@ -89,8 +89,7 @@ def budget_bound_steps(n: int = 226, width: int = 2) -> list:
 
 
 def test_the_controller_measures_the_token_budget_as_the_engine_does() -> None:
-    from specctl_vllm.controller.core.learner import budget_sample
-    from specctl_vllm.controller.core.model.budget import BudgetMeter
+    from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample
 
     b, engine = brain(), BudgetMeter(2048)
     for seq in range(12):
@@ -122,18 +121,16 @@ def test_the_policy_prices_a_budget_bound_batch_with_the_steady_step_model() -> 
 
 
 def test_replay_reads_the_recorded_budget_as_the_engine_metered_it() -> None:
-    from specctl_vllm.controller.core import whatif
-    from specctl_vllm.controller.core.learner import budget_sample
-    from specctl_vllm.controller.core.model.budget import BudgetMeter
+    from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample, recorded_budget
 
     batches = [batch(budget_bound_steps(), seq, spec=BUDGET_SPEC) for seq in range(12)]
     engine = BudgetMeter(2048)
     for b in batches:
         for s in b.steps:
             engine.observe(*budget_sample(s))
-    assert whatif.measured_budget(batches) == engine.current()
-    assert whatif.measured_budget([batch(budget_bound_steps(), 0, spec=GRAPH_SPEC)]) is None
-    assert whatif.measured_budget(batches[:2]) is None  # 4 full steps: below the evidence the engine needs
+    assert recorded_budget(batches) == engine.current()
+    assert recorded_budget([batch(budget_bound_steps(), 0, spec=GRAPH_SPEC)]) is None
+    assert recorded_budget(batches[:2]) is None  # 4 full steps: below the evidence the engine needs
 
 
 @pytest.mark.parametrize("tokens", [0, -1, 2**24 + 1])
