@@ -65,7 +65,9 @@ def test_rotation_cap_and_complete_gzip(tmp_path: Path) -> None:
         rec.submit(noisy(seq, rng))
     rec.stop()
     files = sorted(p for p in tmp_path.iterdir() if FILE_RE.match(p.name))
-    assert len(files) > 2 and rec.stats.batches == 600 and rec.stats.dropped == 0
+    # it rotated (files opened); how many survive the cap depends on how far zlib's buffered blocks carried
+    # each file past its size, which follows the timing of the flushes (one CI run kept 2 of 8)
+    assert rec.stats.files > 2 and len(files) >= 2 and rec.stats.batches == 600 and rec.stats.dropped == 0
     # within the cap plus the file being written (zlib emits in blocks: a file ends up to one block past its size)
     assert sum(p.stat().st_size for p in files) <= cap + 2 * file_bytes
     assert rec.stats.bytes_on_disk == sum(p.stat().st_size for p in files)
