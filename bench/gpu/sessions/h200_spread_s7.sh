@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Session 7 of the `spread` sweep (planned, not run yet), in one background run, in this order of priority:
-#   specctl with the steady-step model at budget-bound points (the fix of session 6's K = 1 at high c = 256),
-#   into a file of its own;
-#   beside it in the same file, the static engines that were best at c = 64 and 256 in sessions 4-6 (plain on
-#   high, k2 at c = 64 and 256), so those points get a same-session reference (session 6's host was slower at
-#   c >= 16 and its ratios against older rows decided nothing);
+# Session 7 of the `spread` sweep, in one background run. Its aim: every reference the GPU execution-model
+# targets name, measured in the same session as specctl (session 6's host was slower at c >= 16, so ratios
+# against older sessions' rows decided nothing). In this order of priority:
+#   specctl with the steady-step model at budget-bound points, every point, into a file of its own;
+#   beside it in the same file: plain on low at every c (the low target) and on high at c = 256;
+#   k7 on high and mixed at c <= 64 and k2 on high and mixed at c = 256 (the best static engines there in
+#   sessions 4-6, the high and mixed targets);
 #   the oracle (its pins from the static rows of sessions 4-6, seeded into the file below);
-#   the widths at c = 256, mixed and high (specctl pinned at K = 0, 1, 2, 4), into a file of its own;
-#   ktable's two points session 6 left (c = 256 on low and mixed), then ktable as shipped.
+#   ktable's two points session 6 left (c = 256 on low and mixed); the widths at c = 256 if time is left.
 set -uo pipefail
 END=$(( $(date +%s) + ${SWEEP_BUDGET_S:-1480} ))
 OUTDIR="${SPECCTL_BG_OUT:?}"
@@ -37,14 +37,14 @@ left() { echo $(( END - $(date +%s) )); }
 sweep() { local b; b=$(left); ((b > 60)) || { echo "== no time left for: $*"; return 0; }
           echo "== $(date +%T) budget ${b}s: $*"; PYTHONUNBUFFERED=1 python3 -m bench gpu.sweep "${COMMON[@]}" --budget-s "$b" "$@"; }
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
-sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles high --concurrency 64,256
-sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k2 --concurrency 64,256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles low
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles high --concurrency 256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k7 --profiles high,mixed --concurrency 1,4,16,64
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k2 --profiles high,mixed --concurrency 256
 sweep --results "$ORACLE" --mirror "$OUTDIR/mirror_oracle" --only oracle
-sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
-      --premise-profile mixed,high --premise-concurrency 256 --premise-ks 0,1,2,4
 sweep --results "$OUTDIR/h200_steady_spread_ktable_s7.jsonl" --mirror "$OUTDIR/mirror_kt" --only ktable \
       --ktable-backports drafter_graphs
-sweep --results "$OUTDIR/h200_steady_spread_ktable_shipped.jsonl" --mirror "$OUTDIR/mirror_kt0" --only ktable \
-      --ktable-backports off
+sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
+      --premise-profile mixed,high --premise-concurrency 256 --premise-ks 0,1,2,4
 cp /root/specctl-gpu/spread-state/*.log "$OUTDIR/" 2>/dev/null || true
 echo "== $(date +%T) done"
