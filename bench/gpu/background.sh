@@ -35,10 +35,20 @@ start() {
     echo "started $script (pid $(cat "$BG/pid")), log $BG/out/background.log"
 }
 
+pack() {  # into a temporary name first: a call cut off mid-pack still returns the previous, whole archive
+    tar -czf "$1/results.tar.gz.part" -C "$BG/out" . && mv -f "$1/results.tar.gz.part" "$1/results.tar.gz"
+}
+
 wait_for() {
-    local seconds="$1" dest="$2" t0=$SECONDS
-    while [[ ! -f "$BG/rc" ]] && ((SECONDS - t0 < seconds)); do sleep 5; done
-    tar -czf "$dest/results.tar.gz" -C "$BG/out" .
+    # Packs every minute as well as at the end: a call cut off at the session's last device seconds (its limit
+    # is then shorter than asked) still brings back what $OUT held, and session 7 lost 8 minutes of rows so.
+    local seconds="$1" dest="$2" t0=$SECONDS last=$SECONDS
+    pack "$dest"
+    while [[ ! -f "$BG/rc" ]] && ((SECONDS - t0 < seconds)); do
+        sleep 5
+        if ((SECONDS - last >= 60)); then pack "$dest"; last=$SECONDS; fi
+    done
+    pack "$dest"
     tail -n 40 "$BG/out/background.log"
     if [[ -f "$BG/rc" ]]; then echo "finished: exit $(cat "$BG/rc")"; else echo "still running"; fi
 }

@@ -52,3 +52,23 @@ def test_unknown_script_and_bad_usage_are_refused(home: Path) -> None:
 @pytest.mark.parametrize("session", sorted((REPO / "bench" / "gpu" / "sessions").glob("*.sh")), ids=lambda p: p.name)
 def test_session_scripts_parse(session: Path) -> None:
     assert subprocess.run(["bash", "-n", str(session)], check=False, capture_output=True).returncode == 0
+
+
+def test_a_wait_cut_off_still_leaves_what_the_script_had_written(home: Path, tmp_path: Path) -> None:
+    """The device cuts a call short at the session's last seconds: the archive packed so far must be there."""
+    assert run(home, "start", "tests/unit/bench/data/background_slow_job.sh").returncode == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    try:
+        for _ in range(50):  # the job's first row, then a wait that the caller cuts off long before its end
+            if (home / "bg" / "out" / "rows.jsonl").exists():
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            run(home, "wait", "600", str(dest), timeout=3)
+        with tarfile.open(dest / "results.tar.gz") as tar:
+            rows = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("rows.jsonl"))).read()
+        assert rows == b"row 1\n"
+    finally:
+        pid = int((home / "bg" / "pid").read_text())
+        subprocess.run(["kill", "--", f"-{pid}"], check=False)
