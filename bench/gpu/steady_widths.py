@@ -11,7 +11,12 @@ apart). Per point it prints:
 * ``prompt-step depths``: the same for steps that carried a prompt (they verify the width chosen before them);
 * mean requests per step and mean scheduled tokens per step (the budget bound shows as a flat maximum).
 
+With ``--by-tokens N`` it prints instead, per point at ``--min-concurrency`` or more, the median interval between
+steps in bins of N scheduled tokens: what a step costs against the tokens it carries (on the H200 at 256
+requests a drafting step below the budget costs nearly what a full one does; see bench/gpu/README.md).
+
     python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz [--engine specctl] [--window-s 16]
+    python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz --by-tokens 256 [--min-concurrency 256]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import bisect
 import gzip
 import json
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -69,10 +75,15 @@ def shares(values: list[int]) -> dict[int, float]:
     return {k: counts[k] / len(values) for k in sorted(counts)} if values else {}
 
 
-def point_steps(row: dict, times: list[float], steps: list[dict], window_s: float = WINDOW_S) -> PointSteps:
+def window_of(row: dict, times: list[float], steps: list[dict], window_s: float = WINDOW_S) -> list[dict]:
+    """The steps of the row's timed rounds."""
     end = float(row["time"]) - TAIL_S
     lo, hi = bisect.bisect_left(times, end - window_s), bisect.bisect_right(times, end)
-    window = steps[lo:hi]
+    return steps[lo:hi]
+
+
+def point_steps(row: dict, times: list[float], steps: list[dict], window_s: float = WINDOW_S) -> PointSteps:
+    window = window_of(row, times, steps, window_s)
     decode = [s for s in window if not s.get("prefill_tokens")]
     prompt = [s for s in window if s.get("prefill_tokens")]
     n = max(len(window), 1)
@@ -107,20 +118,52 @@ def render(points: list[PointSteps]) -> str:
     return "\n".join(lines)
 
 
+def interval_by_tokens(window: Iterable[dict], bin_tokens: int) -> dict[int, tuple[int, float]]:
+    """{bin start: (steps, median interval in seconds)} over the timed steps, binned by scheduled tokens."""
+    bins: dict[int, list[float]] = {}
+    for s in window:
+        if s.get("interval_s"):
+            start = int(s.get("scheduled_tokens", 0)) // bin_tokens * bin_tokens
+            bins.setdefault(start, []).append(float(s["interval_s"]))
+    return {b: (len(v), statistics.median(v)) for b, v in sorted(bins.items())}
+
+
+def render_by_tokens(rows: list[dict], times: list[float], steps: list[dict], bin_tokens: int,
+                     window_s: float = WINDOW_S) -> str:
+    lines = [f"median interval between steps (ms), by scheduled tokens in bins of {bin_tokens} (steps in brackets)",
+             "", "| profile | c | tok/s | widths run | by tokens |", "|---|---|---|---|---|"]
+    for row in rows:
+        window = window_of(row, times, steps, window_s)
+        widths = shares([int(s.get("width", s.get("draft_depth", 0))) for s in window])
+        cells = " ".join(f"{b}: {t * 1e3:.1f} ({n})" for b, (n, t) in interval_by_tokens(window, bin_tokens).items())
+        lines.append(f"| {row['profile']} | {row['concurrency']} | {float(row['tok_per_s_median']):.0f} | "
+                     f"{format_shares(widths)} | {cells or '-'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path)
     p.add_argument("steps", type=Path, help="the specctl engine's recorded telemetry batches (.jsonl.gz)")
     p.add_argument("--engine", default="specctl")
     p.add_argument("--window-s", type=float, default=WINDOW_S)
+    p.add_argument("--by-tokens", type=int, default=0, metavar="N",
+                   help="instead: median step interval in bins of N scheduled tokens")
+    p.add_argument("--min-concurrency", type=int, default=256, help="--by-tokens: points from this c up")
     args = p.parse_args(argv)
+    if args.by_tokens < 0:
+        p.error("--by-tokens must be a positive number of tokens")
     for path in (args.results, args.steps):
         if not path.is_file():
             p.error(f"{path}: no such file")
     rows, times, steps = load(args.results, args.steps, args.engine)
     if not rows:
         p.error(f"{args.results}: no {args.engine} rows")
-    print(render([point_steps(r, times, steps, args.window_s) for r in rows]))
+    if args.by_tokens:
+        chosen = [r for r in rows if int(r["concurrency"]) >= args.min_concurrency]
+        print(render_by_tokens(chosen, times, steps, args.by_tokens, args.window_s))
+    else:
+        print(render([point_steps(r, times, steps, args.window_s) for r in rows]))
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 7 of the `spread` sweep, in one background run. Its aim: every reference the GPU execution-model
-# targets name, measured in the same session as specctl (session 6's host was slower at c >= 16, so ratios
-# against older sessions' rows decided nothing). In this order of priority:
+# Session 7 of the `spread` sweep, in one background run (run 2026-12-02; its last call was cut off, see
+# bench/gpu/README.md). Its aim: every reference the GPU execution-model targets name, measured in the same
+# session as specctl (session 6's host was slower at c >= 16, so ratios against older sessions' rows decided
+# nothing). In this order of priority:
 #   specctl with the steady-step model at budget-bound points, every point, into a file of its own;
 #   beside it in the same file: plain on low at every c (the low target) and on high at c = 256;
 #   k7 on high and mixed at c <= 64 and k2 on high and mixed at c = 256 (the best static engines there in

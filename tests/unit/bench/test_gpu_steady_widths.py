@@ -65,3 +65,23 @@ def test_cli_refuses_missing_files_and_engines_without_rows(tmp_path, capsys):
     with pytest.raises(SystemExit) as empty:
         sw.main([str(results), str(steps)])
     assert empty.value.code == 2 and "no specctl rows" in capsys.readouterr().err
+
+
+def test_step_intervals_are_binned_by_the_tokens_each_step_carried(tmp_path, capsys):
+    def timed(t: float, tokens: int, interval: float, width: int = 2) -> dict:
+        return {**step(t, width=width, tokens=tokens, batch=256), "interval_s": interval}
+
+    batch = {"sent_at": 1000.0, "steps": [timed(10.0, 2048, 0.056), timed(11.0, 2000, 0.058), timed(12.0, 700, 0.044),
+                                          timed(13.0, 600, 0.040), timed(14.0, 650, 0.048), step(14.5, tokens=30)]}
+    results, steps = write(tmp_path, [row("low", 256, 1000.5), row("low", 64, 1000.5)], [batch])
+    rows, times, recorded = sw.load(results, steps, "specctl")
+    window = sw.window_of(rows[0], times, recorded)
+    # the step without an interval (the first of a batch the engine timed) is left out
+    assert sw.interval_by_tokens(window, 256) == {512: (3, pytest.approx(0.044)), 1792: (1, 0.058),
+                                                  2048: (1, 0.056)}
+    assert sw.main([str(results), str(steps), "--by-tokens", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "| low | 256 | 100 | K0 17% K2 83% | 0: 44.0 (3) 1024: 58.0 (1) 2048: 56.0 (1) |" in out
+    assert "| low | 64 |" not in out  # below --min-concurrency
+    with pytest.raises(SystemExit):
+        sw.main([str(results), str(steps), "--by-tokens", "-1"])
