@@ -61,7 +61,7 @@ from specctl_vllm.engine_patch.telemetry import (
     add_counterfactual,
     new_entry,
 )
-from specctl_vllm.engine_patch.widths import WidthChooser
+from specctl_vllm.engine_patch.widths import WidthChooser, verified_width
 
 logger = logging.getLogger("vllm.specctl.engine")
 #: Seconds of engine clock between two overhead log lines (the GPU benchmark reads them from the engine log).
@@ -627,7 +627,8 @@ class SpecHook:
             if step.agg:
                 self.widths.observe(step.agg)
             if self.widths.budget is not None and scheduled > 0:
-                self.widths.budget.observe(scheduled, prefill, committed_tokens(step.agg), interval)
+                self.widths.budget.observe(scheduled, prefill, committed_tokens(step.agg), interval,
+                                           verified_width(draft_tokens, batch))
         if scheduled > 0:
             self.queue.push(StepRow(
                 t=self.clock(),

@@ -11,7 +11,7 @@ project) on:
   before the controller's next policy);
 * T(b, K) and the steps measured per cell from the controller's cell table;
 * what this engine measured about its token budget (:class:`BudgetMeter`): the time of a step that filled it,
-  the fixed part of a step's time and the prompt tokens per committed token. Where the widest width could fill
+  the fixed part of a step's time per width (``a_0 + p K``) and the prompt tokens per committed token. Where the widest width could fill
   the budget and the engine has measured full steps, those price every width instead of the cells (the
   steady-step model, :func:`specctl_vllm.controller.core.model.widths.steady_goodput`).
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter
+from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
 from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths, steady_regime
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 
-__all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "WidthChooser"]
+__all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "WidthChooser", "verified_width"]
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
 FAST_DECAY = 0.98

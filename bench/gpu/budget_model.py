@@ -3,20 +3,21 @@
 When a step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) can bind, as on the H200 at 256 requests of
 the steady load, every step carries prompts and the width rule prices the widths with the steady-step model
 (:func:`~specctl_vllm.controller.core.model.widths.steady_goodput`) instead of the decode-only cells: a step
-costs ``a + b * tokens`` (the line through the full step, ``a + b B = B / C``); each request of a step
-verifies ``1 + K`` tokens and brings ``rho E(K)`` prompt tokens, ``rho`` = prompt tokens per output token of
-the workload (every finished request is replaced by one with a new prompt); a step holds
-``n' = min(c, B / ((1 + K) + rho E(K)))`` requests, so
+at width K costs ``a_K + b_K * tokens`` (each width's line through the full step, ``a_K + b_K B = B / C``,
+``a_K = a_0 + p K``); each request of a step verifies ``1 + K`` tokens and brings ``rho E(K)`` prompt tokens,
+``rho`` = prompt tokens per output token of the workload (every finished request is replaced by one with a
+new prompt); a step holds ``n' = min(c, B / ((1 + K) + rho E(K)))`` requests, so
 
-    goodput(K) = n' E(K) / (a + b n' ((1 + K) + rho E(K)))
+    goodput(K) = n' E(K) / (a_K + b_K n' ((1 + K) + rho E(K)))
 
 which is ``C / ((1 + K) / E(K) + rho)`` where the width fills the budget. ``E(K)`` comes from the profile's
 conditional acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the
-mixed profile averages its two categories, half the requests each); ``C`` and ``a`` from the recorded steps of
-the specctl engine at the points where the model applies (batches of at least ``--min-batch``), with the
-engine's own estimator (:func:`~specctl_vllm.controller.core.model.widths.fixed_step_s`), undecayed. The
-check: predicted against measured for every static row where the engine would use the model, and whether
-the model ranks the widths of each point as they measured.
+mixed profile averages its two categories, half the requests each); ``C``, ``a_0`` and ``p`` from the recorded
+steps of the specctl engine at the points where the model applies (batches of at least ``--min-batch``), fed to
+the engine's own estimator (:class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`), undecayed. The
+check: predicted against measured for every static row where the engine would use the model, whether the
+model ranks the widths of each point as they measured, and the width the rule (with its margin over K = 0)
+picks on each profile.
 
     python3 -m bench gpu.budget_model RESULTS.jsonl [RESULTS2.jsonl ...] --steps STEPS.jsonl.gz [--budget 2048]
 """
@@ -33,15 +34,16 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from bench.gpu.steady_widths import read_batches
-from specctl_vllm.controller.core.model.budget import FULL_SHARE
+from specctl_vllm.controller.core.model.budget import FULL_SHARE, BudgetMeter, verified_width
 from specctl_vllm.controller.core.model.widths import (
     TokenBudget,
     budget_binds,
     budget_goodput,
-    fixed_step_s,
+    choose_width,
     geometric_lengths,
     steady_regime,
 )
+from specctl_vllm.engine_patch.backports import DEFAULT_WIDTHS
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048
@@ -77,12 +79,13 @@ class StepCost:
     """The steady-step model's inputs as measured: C, a, and how many steps are behind each."""
 
     capacity: float  # C, tokens per second of a full step
-    fixed_s: float  # a, seconds
+    fixed_s: float  # a_0, seconds
+    pass_s: float = 0.0  # p, seconds per drafted position
     full_steps: int
     steps: int
 
     def budget(self, tokens: int, rho: float) -> TokenBudget:
-        return TokenBudget(tokens=tokens, capacity=self.capacity, rho=rho, fixed_s=self.fixed_s)
+        return TokenBudget(tokens=tokens, capacity=self.capacity, rho=rho, fixed_s=self.fixed_s, pass_s=self.pass_s)
 
 
 def binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
@@ -98,10 +101,10 @@ def goodput(profile: str, k: int, budget: TokenBudget, concurrency: int = 256) -
 
 
 def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN_BATCH) -> StepCost:
-    """C (the budget over the mean full step) and a (:func:`fixed_step_s`) from the timed steps of batches of
-    at least ``min_batch`` requests, as the engine's :class:`~specctl_vllm.engine_patch.widths.BudgetMeter`
-    estimates them (undecayed)."""
-    full, dd, d, dy, n = [], 0.0, 0.0, 0.0, 0
+    """C (the budget over the mean full step), a_0 and p (:func:`fixed_step_costs`) from the timed steps of
+    batches of at least ``min_batch`` requests, fed to the engine's own
+    :class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`, undecayed."""
+    meter, full = BudgetMeter(budget, decay=1.0), []
     for b in batches:
         for s in b.get("steps") or []:
             seconds = s.get("interval_s")
@@ -110,13 +113,14 @@ def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN
             tokens = int(s.get("scheduled_tokens", 0))
             if tokens >= FULL_SHARE * budget:
                 full.append(float(seconds))
-            gap = float(max(budget - tokens, 0))
-            dd, d, dy, n = dd + gap * gap, d + gap, dy + gap * float(seconds), n + 1
+            width = verified_width(int(s.get("draft_tokens", 0)), int(s.get("batch_size", 0)))
+            meter.observe(tokens, 0, 0, float(seconds), width)
+    n = int(meter.timed_steps)
     if not full:
         return StepCost(capacity=0.0, fixed_s=0.0, full_steps=0, steps=n)
     full_s = sum(full) / len(full)
-    return StepCost(capacity=budget / full_s, fixed_s=fixed_step_s(full_s, budget, dd, d, dy),
-                    full_steps=len(full), steps=n)
+    fixed_s, pass_s = meter.fixed_costs(full_s)
+    return StepCost(capacity=budget / full_s, fixed_s=fixed_s, pass_s=pass_s, full_steps=len(full), steps=n)
 
 
 def predictions(rows: Iterable[dict], cost: StepCost, rho: float, budget: int) -> list[Prediction]:
@@ -149,10 +153,32 @@ def rankings(preds: list[Prediction]) -> list[str]:
     return out
 
 
+#: The engine's width set at k_max = 7 (engine_patch/backports.py: the default widths and k_max).
+WIDTHS = (*DEFAULT_WIDTHS, K_MAX)
+#: Decayed steps behind the engine's fit at most (its meter's decay): the margin the rule applies there.
+MARGIN_STEPS = 200.0
+
+
+def rule_picks(cost: StepCost, rho: float, budget: int, concurrency: int = 256) -> list[str]:
+    """Per profile: every width's modelled goodput and the width the rule picks with its margin over K = 0."""
+    model = TokenBudget(tokens=budget, capacity=cost.capacity, rho=rho, fixed_s=cost.fixed_s, pass_s=cost.pass_s,
+                        steps=MARGIN_STEPS)
+    out = []
+    for profile in PROFILE_CATEGORIES:
+        mix, curves = profile_step(profile, concurrency)
+        values = " ".join(f"K{k} {budget_goodput(mix, curves, k, model):.0f}" for k in WIDTHS)
+        # the cells do not matter under the model: any finite row prices every width the same way
+        picked = choose_width(mix, curves, WIDTHS, [1.0] * len(WIDTHS), [MARGIN_STEPS] * len(WIDTHS),
+                              budget=model).width
+        out.append(f"{profile} c={concurrency}: rule K{picked} ({values})")
+    return out
+
+
 def render(preds: list[Prediction], cost: StepCost, rho: float, budget: int) -> str:
     head = (f"budget {budget} tokens, full-step capacity C = {cost.capacity:.0f} tokens/s (mean of "
-            f"{cost.full_steps} full steps), fixed step cost a = {cost.fixed_s * 1e3:.1f} ms (line through the "
-            f"full step over {cost.steps} steps), rho = {rho:.2f} prompt tokens per output token")
+            f"{cost.full_steps} full steps), fixed step cost a_K = {cost.fixed_s * 1e3:.1f} + "
+            f"{cost.pass_s * 1e3:.2f} K ms (each width's line through the full step, over {cost.steps} steps), "
+            f"rho = {rho:.2f} prompt tokens per output token")
     lines = [head, "", "| engine | profile | c | fills the budget | predicted tok/s | measured | measured / predicted |",
              "|---|---|---|---|---|---|---|"]
     used = [p for p in preds if p.predicted is not None]
@@ -164,6 +190,8 @@ def render(preds: list[Prediction], cost: StepCost, rho: float, budget: int) -> 
         lines += ["", (f"{len(used)} rows where the engine prices widths with the model: measured / predicted "
                       f"median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"), ""]
         lines += rankings(used)
+    if cost.capacity > 0:
+        lines += [""] + rule_picks(cost, rho, budget)
     return "\n".join(lines)
 
 

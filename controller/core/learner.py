@@ -99,7 +99,7 @@ class BatchDigest:
     cell_samples: list[tuple[int, int, float]] = field(default_factory=list)
     #: graph-shaped engines that report their token budget: (budget, [(scheduled, prompt, committed,
     #: interval_s) per step]) for the steady-step model's meter
-    budget_samples: tuple[int, list[tuple[int, int, int, float | None]]] | None = None
+    budget_samples: tuple[int, list[tuple[int, int, int, float | None, int]]] | None = None
 
 
 
@@ -142,7 +142,7 @@ class ModelState:
         extra_values: list[int] = []
         cell_samples: list[tuple[int, int, float]] = []
         budget = batch.spec.token_budget if batch.spec.graph_widths else None
-        budget_samples: list[tuple[int, int, int, float | None]] = []
+        budget_samples: list[tuple[int, int, int, float | None, int]] = []
         seconds = 0.0
         for step in batch.steps:
             seconds += step.wall_s
@@ -249,8 +249,8 @@ class ModelState:
                 self.cells.add(n, width, seconds)
         if d.budget_samples is not None:
             meter = self.budget_meter(d.budget_samples[0], create=True)
-            for scheduled, prompt, committed, interval in d.budget_samples[1]:
-                meter.observe(scheduled, prompt, committed, interval)
+            for sample in d.budget_samples[1]:
+                meter.observe(*sample)
 
     def budget_meter(self, tokens: int, create: bool = False) -> BudgetMeter | None:
         """The meter of the engines of this model with a ``tokens`` step budget (at most MAX_BUDGET_METERS:

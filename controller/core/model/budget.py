@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import mul
 
-from specctl_vllm.controller.core.model.widths import TokenBudget, fixed_step_s
+from specctl_vllm.controller.core.model.widths import LineSums, TokenBudget, fixed_step_costs
 from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
 
 #: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
@@ -27,34 +27,43 @@ MIN_FULL_STEP_S = 1e-6
 
 class BudgetMeter:
     """What the engine measured about its step token budget and its step cost: the decayed mean time of the
-    steps that filled it, the line ``a + b * tokens`` through that full step fitted to every step's time, and
-    the decayed prompt tokens per committed token. No I/O; O(1) per step."""
+    steps that filled it, each width's line ``a_K + b_K * tokens`` through that full step fitted to every step's
+    time (``a_K = a_0 + p K``), and the decayed prompt tokens per committed token. No I/O; O(1) per step.
+    ``decay`` per step (1: none, for a benchmark that fits a whole recording)."""
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int, decay: float = BUDGET_DECAY) -> None:
         self.tokens = tokens
+        self.decay = decay
         self._full = [0.0, 0.0]  # seconds, steps
         self._prompt = [0.0, 0.0]  # prompt tokens, committed tokens
-        # sums over every timed step of d = B - tokens: sum d^2, sum d, sum d * seconds, steps
-        self._line = [0.0, 0.0, 0.0, 0.0]
+        # LineSums' fields in order, then the steps behind them
+        self._line = [0.0] * 8
 
-    def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None) -> None:
-        full, ratio, line = self._full, self._prompt, self._line
-        full[0] *= BUDGET_DECAY
-        full[1] *= BUDGET_DECAY
-        ratio[0] = ratio[0] * BUDGET_DECAY + max(prompt, 0)
-        ratio[1] = ratio[1] * BUDGET_DECAY + max(committed, 0)
-        for i in range(4):
-            line[i] *= BUDGET_DECAY
+    def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None,
+                width: int = 0) -> None:
+        full, ratio, line, decay = self._full, self._prompt, self._line, self.decay
+        full[0] *= decay
+        full[1] *= decay
+        ratio[0] = ratio[0] * decay + max(prompt, 0)
+        ratio[1] = ratio[1] * decay + max(committed, 0)
+        for i in range(8):
+            line[i] *= decay
         if interval_s is None or interval_s <= 0:
             return
         if scheduled >= FULL_SHARE * self.tokens:
             full[0] += interval_s
             full[1] += 1.0
-        d = float(max(self.tokens - scheduled, 0))
-        line[0] += d * d
-        line[1] += d
-        line[2] += d * interval_s
-        line[3] += 1.0
+        u = float(max(self.tokens - scheduled, 0)) / self.tokens
+        k = float(max(width, 0))
+        uu = u * u
+        line[0] += uu
+        line[1] += k * uu
+        line[2] += k * k * uu
+        line[3] += u
+        line[4] += k * u
+        line[5] += u * interval_s
+        line[6] += k * u * interval_s
+        line[7] += 1.0
 
     def current(self) -> TokenBudget | None:
         seconds, steps = self._full
@@ -63,24 +72,45 @@ class BudgetMeter:
         full_s = seconds / steps
         if full_s < MIN_FULL_STEP_S:
             return None  # no step of a real engine is this fast: a clock artefact, not a budget
+        fixed_s, pass_s = self.fixed_costs(full_s)
         return TokenBudget(tokens=self.tokens, capacity=self.tokens / full_s,
-                           rho=self._prompt[0] / self._prompt[1], fixed_s=self._fixed_s(full_s),
-                           steps=self._line[3])
-
-    def _fixed_s(self, full_s: float) -> float:
-        dd, d, dy, _ = self._line
-        return fixed_step_s(full_s, self.tokens, dd, d, dy)
+                           rho=self._prompt[0] / self._prompt[1], fixed_s=fixed_s, pass_s=pass_s,
+                           steps=self.timed_steps)
 
 
-def budget_sample(step: StepRecord) -> tuple[int, int, int, float | None]:
-    """(scheduled, prompt, committed tokens, interval_s) of a step for the token-budget meter, with the
-    engine's count of committed tokens: one per request plus every accepted draft really run."""
+    def fixed_costs(self, full_s: float) -> tuple[float, float]:
+        """(a_0, p) of the steps fed so far, for a full step of ``full_s`` seconds (:func:`fixed_step_costs`)."""
+        return fixed_step_costs(full_s, LineSums(**dict(zip(LINE_FIELDS, self._line[:7], strict=True))))
+
+    @property
+    def timed_steps(self) -> float:
+        """Decayed timed steps behind the line."""
+        return self._line[7]
+
+
+#: The order of :class:`LineSums`' fields in the meter's running sums.
+LINE_FIELDS = ("uu", "ku", "kk", "u", "k", "us", "ks")
+
+
+def verified_width(draft_tokens: int, batch: int) -> int:
+    """The width a step's decoding requests verified, from its draft tokens and requests: on a graph-shaped
+    engine every decoding request verifies the step's one width, and the few prompt-chunk requests of a large
+    batch none, so the ratio rounded up is that width (on the H200 recordings it matched the engine's own
+    width on every step of 128 requests or more)."""
+    return -(-max(draft_tokens, 0) // batch) if batch > 0 else 0
+
+
+def budget_sample(step: StepRecord) -> tuple[int, int, int, float | None, int]:
+    """(scheduled, prompt, committed tokens, interval_s, width) of a step for the token-budget meter, with the
+    engine's count of committed tokens (one per request plus every accepted draft really run) and its
+    :func:`verified_width`."""
     committed = 0
     for cs in step.categories:
         committed += cs.requests
         for h in cs.hists:
             committed += sum(map(mul, range(len(h.accepted)), h.accepted))
-    return step.scheduled_tokens, step.prefill_tokens, committed, step.interval_s
+    return (step.scheduled_tokens, step.prefill_tokens, committed, step.interval_s,
+            verified_width(step.draft_tokens, step.batch_size))
 
 
 def recorded_budget(batches: Sequence[TelemetryBatch]) -> TokenBudget | None:

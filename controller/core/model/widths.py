@@ -11,17 +11,20 @@ Where the step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) binds, a
 keeps every step carrying prompts, the decode-only cells cannot price the widths: they have few or no steps
 there, and a width's cost is then set by the tokens it puts through the budget. The rule then values every
 width with the steady-step model (:func:`steady_goodput`), measured by the engine (:class:`TokenBudget`): a
-step costs ``a + b * tokens``, and in steady load each request of a step verifies ``1 + K`` tokens and brings
-``rho E(K)`` prompt tokens (every finished request is replaced by one with a prompt), so
+step at width K costs ``a_K + b_K * tokens``, and in steady load each request of a step verifies ``1 + K``
+tokens and brings ``rho E(K)`` prompt tokens (every finished request is replaced by one with a prompt), so
 
     n' = min(n, B / ((1 + K) + rho E(K)))          the requests one step can hold
-    value(K) = n' E(K) / (a + b n' ((1 + K) + rho E(K)))
+    value(K) = n' E(K) / (a_K + b_K n' ((1 + K) + rho E(K)))
 
-with the line through the measured full step (``a + b B = B / C``, ``C`` the tokens per second of a full
-step). Where a width fills the budget this is ``C / ((1 + K) / E(K) + rho)``: a full step costs the same
-whatever its width, and the width only decides how its tokens are split. Where it does not, the fixed cost
-``a`` is what a wider width spreads over more committed tokens. On the H200 at 256 requests the model ranks
-every static engine measured as they measured (``python -m bench gpu.budget_model``).
+each width's line through the measured full step (``a_K + b_K B = B / C``, ``C`` the tokens per second of a
+full step, the same whatever its width), with a fixed cost that grows with the drafter's passes,
+``a_K = a_0 + p K``. Where a width fills the budget this is ``C / ((1 + K) / E(K) + rho)``: the width only
+decides how a full step's tokens are split. Where it does not, ``a_K`` is what the width spreads over its
+committed tokens, and a narrow width pays less of it. On the H200 at 256 requests a step below the budget
+costs close to its width's fixed part (K = 0: 25-30 ms at 512-1023 tokens, K = 2: 37-48 ms, a full step
+54-57 ms), so one ``a`` for every width priced K = 0 as a drafting step (session 7; ``python -m bench
+gpu.budget_model`` checks the model against every static engine measured).
 """
 
 from __future__ import annotations
@@ -72,13 +75,22 @@ class TokenBudget:
     tokens: int  # B: tokens one step may schedule (vLLM's max_num_batched_tokens)
     capacity: float  # C: tokens per second of a step that filled the budget
     rho: float  # prompt tokens scheduled per committed token (every finished request brings a prompt)
-    fixed_s: float = 0.0  # a: seconds of a step that do not grow with its tokens (0: every token costs 1 / C)
+    fixed_s: float = 0.0  # a_0: seconds of a K = 0 step that do not grow with its tokens (0: each costs 1 / C)
+    pass_s: float = 0.0  # p: seconds the fixed part grows by per drafted position (a_K = a_0 + p K)
     steps: float = math.inf  # decayed steps behind the fit (the margin's evidence)
 
     @property
-    def per_token_s(self) -> float:
-        """b: seconds per scheduled token, the line through the full step (a + b B = B / C)."""
-        return max(self.tokens / self.capacity - self.fixed_s, 0.0) / self.tokens
+    def full_s(self) -> float:
+        """B / C: seconds of a step that fills the budget, whatever its width."""
+        return self.tokens / self.capacity if self.capacity > 0 else 0.0
+
+    def fixed_for(self, k: int) -> float:
+        """a_K, held to [0, B / C]: a step never costs more than a full one."""
+        return min(max(self.fixed_s + self.pass_s * k, 0.0), self.full_s)
+
+    def per_token_for(self, k: int) -> float:
+        """b_K: seconds per scheduled token of a step at width ``k``, its line through the full step."""
+        return (self.full_s - self.fixed_for(k)) / self.tokens if self.tokens > 0 else 0.0
 
 
 def steady_regime(batch: int, widest: int, budget: TokenBudget) -> bool:
@@ -87,15 +99,50 @@ def steady_regime(batch: int, widest: int, budget: TokenBudget) -> bool:
     return batch * (1 + widest) * (1 + budget.rho) >= budget.tokens
 
 
-def fixed_step_s(full_s: float, tokens: int, dd: float, d: float, dy: float) -> float:
-    """``a`` of the least-squares line ``seconds ~ full_s - b * (B - tokens_scheduled)`` through the measured
-    full step, from the sums over the fitted steps of ``d = B - tokens_scheduled``: ``dd`` = sum d^2, ``d`` =
-    sum d, ``dy`` = sum d * seconds. ``b`` is held to [0, full_s / B] (a >= 0); with no spread of tokens (every
-    step full) there is nothing to fit and a = 0: every token costs 1 / C."""
-    if dd <= 0 or full_s <= 0 or tokens <= 0:
-        return 0.0
-    per_token = min(max((full_s * d - dy) / dd, 0.0), full_s / tokens)
-    return full_s - per_token * tokens
+@dataclass(frozen=True, kw_only=True)
+class LineSums:
+    """Sums over timed steps that fit ``a_0`` and ``p``: with ``u = (B - tokens) / B`` and K the step's width,
+    ``seconds - full_s (1 - u) = a_0 u + p K u`` (each width's line through the full step). ``uu`` = sum u^2,
+    ``ku`` = sum K u^2, ``kk`` = sum K^2 u^2, ``u`` = sum u, ``k`` = sum K u, ``us`` = sum u seconds,
+    ``ks`` = sum K u seconds."""
+
+    uu: float = 0.0
+    ku: float = 0.0
+    kk: float = 0.0
+    u: float = 0.0
+    k: float = 0.0
+    us: float = 0.0
+    ks: float = 0.0
+
+
+#: Seconds per drafted position the fit leans towards where the steps say little about it (every step at one
+#: width): the H200 sessions 5-7 fitted 2-10 ms at 256 requests.
+PRIOR_PASS_S = 3e-3
+#: Weight of that prior in the least squares, in units of (K u)^2: as much as one step at K = 2 half the budget
+#: below a full one. Where every step ran one width it alone decides p; a few steps at a second width outweigh it.
+PRIOR_PASS_WEIGHT = 1.0
+
+
+def fixed_step_costs(full_s: float, sums: LineSums, prior_pass_s: float = PRIOR_PASS_S,
+                     prior_weight: float = PRIOR_PASS_WEIGHT) -> tuple[float, float]:
+    """(a_0, p) of the least-squares fit of :class:`LineSums`, ``p`` shrunk towards ``prior_pass_s``, both held
+    to 0 or more (a_K <= full_s is held where it is read, :meth:`TokenBudget.fixed_for`). Where no step was
+    below the budget there is nothing to fit: (0, 0), every token costs 1 / C."""
+    if sums.uu <= 0 or full_s <= 0:
+        return 0.0, 0.0
+    uy = sums.us - full_s * (sums.u - sums.uu)
+    ky = sums.ks - full_s * (sums.k - sums.ku)
+    kk = sums.kk + prior_weight
+    ky_prior = ky + prior_weight * prior_pass_s
+    det = sums.uu * kk - sums.ku * sums.ku
+    a0 = (uy * kk - sums.ku * ky_prior) / det if det > 0 else uy / sums.uu
+    p = (sums.uu * ky_prior - sums.ku * uy) / det if det > 0 else 0.0
+    if a0 < 0:  # the drafter's passes explain more than the whole fixed part: none of it is K = 0's
+        a0, p = 0.0, ky_prior / kk
+    if p < 0:  # a wider step never costs less below the budget
+        a0, p = uy / sums.uu, 0.0
+    a0, p = max(a0, 0.0), max(p, 0.0)
+    return (a0, p) if math.isfinite(a0) and math.isfinite(p) else (0.0, 0.0)
 
 
 def budget_binds(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,
@@ -129,7 +176,7 @@ def steady_goodput(n: float, committed: float, k: int, budget: TokenBudget) -> f
     per_commit = committed / n
     per_request = (1 + k) + budget.rho * per_commit
     held = min(n, budget.tokens / per_request)
-    step_s = budget.fixed_s + budget.per_token_s * held * per_request
+    step_s = budget.fixed_for(k) + budget.per_token_for(k) * held * per_request
     value = held * per_commit / step_s if step_s > 0 else 0.0
     return value if math.isfinite(value) else 0.0
 

@@ -6,10 +6,10 @@ import pytest
 from engine_rig import Rig
 
 from specctl_vllm.controller import protocol
-from specctl_vllm.controller.core.model.widths import geometric_lengths
+from specctl_vllm.controller.core.model.widths import PRIOR_PASS_S, geometric_lengths
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire
-from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser
+from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser, verified_width
 
 CP = protocol.CategoryPolicy
 GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
@@ -169,8 +169,22 @@ def test_budget_meter_fits_the_fixed_part_of_a_step_through_the_full_step() -> N
     budget = meter.current()
     assert budget is not None
     assert budget.fixed_s == pytest.approx(0.010, rel=0.02)
-    assert budget.per_token_s == pytest.approx((0.0567 - 0.010) / 2048, rel=0.02)
+    assert budget.per_token_for(0) == pytest.approx((0.0567 - 0.010) / 2048, rel=0.02)
+    assert budget.pass_s == pytest.approx(PRIOR_PASS_S)  # every step at K = 0: nothing said about the passes
     assert budget.steps == pytest.approx(sum(0.995**i for i in range(180)), rel=0.01)  # decayed, every timed step
+
+
+def test_budget_meter_fits_each_width_s_fixed_cost_from_steps_of_two_widths() -> None:
+    meter = BudgetMeter(2048)
+    for _ in range(60):  # a_K = 10 + 6 K ms: K = 2 steps cost 22 ms more than their tokens, K = 0 ones 10
+        meter.observe(2048, 1040, 520, 0.0567, 2)
+        meter.observe(1024, 500, 300, on_line(1024, fixed_s=0.022), 2)
+        meter.observe(600, 300, 200, on_line(600), 0)
+    budget = meter.current()
+    assert budget is not None
+    assert budget.fixed_for(0) == pytest.approx(0.010, rel=0.03)
+    assert budget.fixed_for(2) == pytest.approx(0.022, rel=0.03)
+    assert verified_width(492, 256) == 2 and verified_width(0, 256) == 0 and verified_width(5, 0) == 0
 
 
 def test_the_chooser_prices_widths_with_the_measured_step_cost_where_the_budget_binds() -> None:

@@ -6,12 +6,13 @@ import pytest
 
 from specctl_vllm.controller.core.model.cells import CellView
 from specctl_vllm.controller.core.model.widths import (
+    LineSums,
     TokenBudget,
     budget_binds,
     budget_goodput,
     choose_width,
     expected_lengths,
-    fixed_step_s,
+    fixed_step_costs,
     geometric_lengths,
     margin,
     plan_widths,
@@ -56,8 +57,12 @@ C256_MS, C256_STEPS = (21.5, 28.3, 34.9, 44.8, 62.9), (142.0, 2.0, 2.0, 3.0, 1.0
 # What the specctl engine's steps at 256 requests measured on the H200 (``python -m bench gpu.budget_model``):
 # full 2048-token steps at C tokens/s, the fixed part a of a step's time, 2 prompt tokens per committed token;
 # 200 steps behind the fit, the most the engine's decayed meter holds.
-S5_BUDGET = TokenBudget(tokens=2048, capacity=36185.0, rho=2.0, fixed_s=10.0e-3, steps=200.0)
-S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3, steps=200.0)
+# Each session's fit: a_K = a_0 + p K ms, each width's line through the full step.
+S5_BUDGET = TokenBudget(tokens=2048, capacity=36185.0, rho=2.0, fixed_s=10.0e-3, pass_s=2.15e-3, steps=200.0)
+S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=17.0e-3, pass_s=9.84e-3, steps=200.0)
+S7_BUDGET = TokenBudget(tokens=2048, capacity=36786.0, rho=2.0, fixed_s=14.7e-3, pass_s=6.71e-3, steps=200.0)
+# Session 7's steps with one fixed cost for every width (the model it ran): a = 22.9 ms from K = 2's steps.
+S7_ONE_LINE = TokenBudget(tokens=2048, capacity=36786.0, rho=2.0, fixed_s=22.9e-3, steps=200.0)
 
 
 @pytest.mark.parametrize(
@@ -68,16 +73,20 @@ S6_BUDGET = TokenBudget(tokens=2048, capacity=37448.0, rho=2.0, fixed_s=19.7e-3,
         ({"json": 105, "prose": 104}, None, 4),
         ({"json": 105, "prose": 104}, S5_BUDGET, 2),
         ({"json": 125, "prose": 124}, S6_BUDGET, 2),
+        ({"json": 125, "prose": 124}, S7_BUDGET, 2),  # session 7 ran K2: 1.07x plain
         # high c = 256: K2 11339, K4 10951, K1 10711. Session 6 ran K1 here: its cap priced K2 by the budget
         # and K1 by its decode-only cell, which leaves out the prompt tokens every step carried
         ({"json": 226}, None, 4),
         ({"json": 226}, S5_BUDGET, 2),
         ({"json": 249}, S6_BUDGET, 2),
-        # low c = 256: K1 9589, plain 9513, K2 9022 (K1 and plain a 1 % tie). Session 5's fit puts K1 3 %
-        # above plain, inside the margin of a fit of 200 decayed steps: plain; session 6's (a twice as large)
-        # puts it 16 % above: K1
+        ({"json": 246}, S7_BUDGET, 2),  # session 7 ran K2: 1.11x plain
+        # low c = 256: K1 9589, plain 9513-9545, K2 9022 and 8731 (K1 and plain a tie). Each fit puts K1 1-3 %
+        # above K0, inside the margin of a fit of 200 decayed steps: plain. With one fixed cost for every width
+        # (session 7's model) K0 was priced as a drafting step and K2 ran: 0.91x plain
         ({"prose": 252}, S5_BUDGET, 0),
-        ({"prose": 252}, S6_BUDGET, 1),
+        ({"prose": 252}, S6_BUDGET, 0),
+        ({"prose": 251}, S7_BUDGET, 0),
+        ({"prose": 251}, S7_ONE_LINE, 2),
         # no fixed cost: every token costs 1 / C, so verifying drafts only spends the budget
         ({"json": 226}, TokenBudget(tokens=2048, capacity=36185.0, rho=2.0), 0),
     ],
@@ -95,10 +104,15 @@ def test_steady_goodput_is_the_budget_split_where_a_width_fills_it() -> None:
         # K4 fills 2048 tokens (200 * (5 + 2 * 2.75) = 2100): a full step whatever a is
         assert budget_binds(mix, curves, 4, budget)
         assert budget_goodput(mix, curves, 4, budget) == pytest.approx(budget.capacity / (5 / e4 + 2.0))
-    # plain does not fill it (200 * 3 = 600 tokens): one fixed cost a for 200 committed tokens
-    b = S6_BUDGET.per_token_s
-    assert b == pytest.approx((2048 / 37448.0 - 19.7e-3) / 2048)
-    assert budget_goodput(mix, curves, 0, S6_BUDGET) == pytest.approx(200 / (19.7e-3 + b * 600))
+    # plain does not fill it (200 * 3 = 600 tokens): K = 0's fixed cost a_0 for 200 committed tokens
+    b = S6_BUDGET.per_token_for(0)
+    assert b == pytest.approx((2048 / 37448.0 - 17.0e-3) / 2048)
+    assert budget_goodput(mix, curves, 0, S6_BUDGET) == pytest.approx(200 / (17.0e-3 + b * 600))
+    # K = 1 does not fill it either (200 * (2 + 2 * 1.65) = 1060): its own, dearer fixed cost
+    e1 = (HIGH[1] + LOW[1]) / 2
+    a1 = 17.0e-3 + 9.84e-3
+    want = 200 * e1 / (a1 + (2048 / 37448.0 - a1) / 2048 * 200 * (2 + 2 * e1))
+    assert budget_goodput(mix, curves, 1, S6_BUDGET) == pytest.approx(want)
     assert budget_goodput({}, curves, 4, S6_BUDGET) == 0.0
     assert budget_binds({"json": 256}, curves, 2, S6_BUDGET)  # 256 * (3 + 2 * 2.57) = 2085
     assert not budget_binds({"json": 64}, curves, 7, S6_BUDGET)  # 64 * (8 + 2 * 4.84) = 1131
@@ -111,24 +125,48 @@ def test_steady_goodput_is_the_budget_split_where_a_width_fills_it() -> None:
         assert modelled.row(k).goodput == pytest.approx(budget_goodput({"json": 105, "prose": 104}, curves, k, S5_BUDGET))
 
 
+def line_sums(points) -> LineSums:
+    """The sums of fixed_step_costs over (tokens, width, seconds) steps under a 2048-token budget."""
+    out = dict.fromkeys(("uu", "ku", "kk", "u", "k", "us", "ks"), 0.0)
+    for tokens, k, seconds in points:
+        u = (2048 - tokens) / 2048
+        for name, value in (("uu", u * u), ("ku", k * u * u), ("kk", k * k * u * u), ("u", u), ("k", k * u),
+                            ("us", u * seconds), ("ks", k * u * seconds)):
+            out[name] += value
+    return LineSums(**out)
+
+
+def on_width_line(tokens: int, k: int, a0: float = 0.012, p: float = 0.005, full_s: float = 0.056) -> float:
+    a = a0 + p * k
+    return a + (full_s - a) * tokens / 2048
+
+
 @pytest.mark.parametrize(
-    ("full_s", "points", "want_ms"),
+    ("points", "want_a0_ms", "want_p_ms"),
     [
-        # steps on the line 10 ms + 0.0227 ms per token, full at 2048: the fit recovers a
-        (0.0565, ((1024, 0.0332), (512, 0.0216), (1536, 0.0449)), 10.0),
-        # steps dearer than a full step when smaller: b held at 0, a = the full step
-        (0.0500, ((1024, 0.0600),), 50.0),
-        # steps cheaper than tokens / C: b held at full_s / B, a = 0
-        (0.0500, ((1024, 0.0100),), 0.0),
-        # nothing but full steps: nothing to fit, a = 0
-        (0.0500, (), 0.0),
+        # steps on the lines of K = 0 and K = 2 (a_0 12 ms, 5 ms per drafted position): the fit recovers both
+        # (the prior on p weighs little against 40 steps)
+        ([(t, k, on_width_line(t, k)) for t in (512, 768, 1024, 1280) for k in (0, 2) for _ in range(5)], 12.0, 5.0),
+        # every step at one width (K = 2 at a_2 = 22 ms): p is the prior, a_0 what is left of a_2
+        ([(t, 2, on_width_line(t, 2, a0=0.016, p=0.003)) for t in (768, 1024, 1280)], 16.0, 3.0),
+        # nothing but full steps: nothing to fit
+        ([(2048, 2, 0.056)] * 5, 0.0, 0.0),
+        # steps cheaper than tokens / C: no fixed part at all (a_0 held at 0), p what the prior leaves
+        ([(1024, 0, 0.010), (1024, 0, 0.012)], 0.0, 3.0),
     ],
 )
-def test_fixed_step_cost_is_the_line_through_the_full_step(full_s, points, want_ms) -> None:
-    dd = sum((2048 - x) ** 2 for x, _ in points)
-    d = sum(2048 - x for x, _ in points)
-    dy = sum((2048 - x) * y for x, y in points)
-    assert fixed_step_s(full_s, 2048, dd, d, dy) * 1e3 == pytest.approx(want_ms, abs=0.2)
+def test_each_width_s_fixed_step_cost_is_fitted_through_the_full_step(points, want_a0_ms, want_p_ms) -> None:
+    a0, p = fixed_step_costs(0.056, line_sums(points))
+    assert a0 * 1e3 == pytest.approx(want_a0_ms, abs=0.3)
+    assert p * 1e3 == pytest.approx(want_p_ms, abs=0.3)
+
+
+def test_a_step_never_costs_more_than_a_full_one_whatever_its_width() -> None:
+    budget = TokenBudget(tokens=2048, capacity=2048 / 0.056, rho=2.0, fixed_s=0.030, pass_s=0.010)
+    assert budget.fixed_for(0) == pytest.approx(0.030) and budget.fixed_for(2) == pytest.approx(0.050)
+    assert budget.fixed_for(7) == pytest.approx(0.056) and budget.per_token_for(7) == 0.0
+    assert budget.per_token_for(2) == pytest.approx(0.006 / 2048)
+    assert TokenBudget(tokens=2048, capacity=0.0, rho=2.0).fixed_for(3) == 0.0
 
 
 def test_the_steady_regime_starts_where_the_widest_width_could_fill_the_budget() -> None:
