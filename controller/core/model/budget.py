@@ -77,7 +77,6 @@ class BudgetMeter:
                            rho=self._prompt[0] / self._prompt[1], fixed_s=fixed_s, pass_s=pass_s,
                            steps=self.timed_steps)
 
-
     def fixed_costs(self, full_s: float) -> tuple[float, float]:
         """(a_0, p) of the steps fed so far, for a full step of ``full_s`` seconds (:func:`fixed_step_costs`)."""
         return fixed_step_costs(full_s, LineSums(**dict(zip(LINE_FIELDS, self._line[:7], strict=True))))
