@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.steady_widths": "bench.gpu.steady_widths",
     "gpu.budget_model": "bench.gpu.budget_model",
     "gpu.premise": "bench.gpu.premise",
+    "gpu.seed_static": "bench.gpu.seed_static",
 }
 
 USAGE = "usage: python -m bench <name> [args...] | python -m bench --list"

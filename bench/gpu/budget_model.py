@@ -34,7 +34,7 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from bench.gpu.steady_widths import read_batches
-from specctl_vllm.controller.core.model.budget import FULL_SHARE, BudgetMeter, verified_width
+from specctl_vllm.controller.core.model.budget import BudgetMeter, verified_width
 from specctl_vllm.controller.core.model.widths import (
     TokenBudget,
     budget_binds,
@@ -104,23 +104,20 @@ def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN
     """C (the budget over the mean full step), a_0 and p (:func:`fixed_step_costs`) from the timed steps of
     batches of at least ``min_batch`` requests, fed to the engine's own
     :class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`, undecayed."""
-    meter, full = BudgetMeter(budget, decay=1.0), []
+    meter = BudgetMeter(budget, decay=1.0)
     for b in batches:
         for s in b.get("steps") or []:
             seconds = s.get("interval_s")
             if not seconds or s.get("batch_size", min_batch) < min_batch:
                 continue
-            tokens = int(s.get("scheduled_tokens", 0))
-            if tokens >= FULL_SHARE * budget:
-                full.append(float(seconds))
             width = verified_width(int(s.get("draft_tokens", 0)), int(s.get("batch_size", 0)))
-            meter.observe(tokens, 0, 0, float(seconds), width)
+            meter.observe(int(s.get("scheduled_tokens", 0)), 0, 0, float(seconds), width)
+    full_s, full_steps = meter.full_step
     n = int(meter.timed_steps)
-    if not full:
+    if not full_steps:
         return StepCost(capacity=0.0, fixed_s=0.0, full_steps=0, steps=n)
-    full_s = sum(full) / len(full)
     fixed_s, pass_s = meter.fixed_costs(full_s)
-    return StepCost(capacity=budget / full_s, fixed_s=fixed_s, pass_s=pass_s, full_steps=len(full), steps=n)
+    return StepCost(capacity=budget / full_s, fixed_s=fixed_s, pass_s=pass_s, full_steps=int(full_steps), steps=n)
 
 
 def predictions(rows: Iterable[dict], cost: StepCost, rho: float, budget: int) -> list[Prediction]:

@@ -15,23 +15,9 @@ OUTDIR="${SPECCTL_BG_OUT:?}"
 R=bench/gpu/results/steady
 RESULTS="$OUTDIR/h200_steady_spread_s8.jsonl"
 ORACLE="$OUTDIR/h200_steady_spread_oracle_s8.jsonl"
-[[ -f "$ORACLE" ]] || python3 - "$ORACLE" "$R/h200_steady_spread_2026-12-02_s7.jsonl" \
-    "$R/h200_steady_spread_2026-12-02_s6.jsonl" \
-    "$R/h200_steady_spread_2026-12-01_s5.jsonl" "$R/h200_steady_spread_k1_2026-12-01_s5.jsonl" \
-    "$R/h200_steady_spread_2026-12-01_s4.jsonl" <<'PY'
-import json, sys
-out, *sources = sys.argv[1:]
-static = {"plain", "k1", "k2", "k4", "k7"}
-seen = set()
-with open(out, "w") as f:
-    for path in sources:  # newest first: where an engine and point repeat, the newer row wins
-        for line in open(path):
-            row = json.loads(line)
-            key = (row.get("engine"), row.get("profile"), row.get("concurrency"))
-            if row.get("kind") == "row" and row.get("engine") in static and key not in seen:
-                seen.add(key)
-                f.write(line if line.endswith("\n") else line + "\n")
-PY
+[[ -f "$ORACLE" ]] || python3 -m bench gpu.seed_static "$ORACLE" "$R/h200_steady_spread_2026-12-02_s7.jsonl" \
+    "$R/h200_steady_spread_2026-12-02_s6.jsonl" "$R/h200_steady_spread_2026-12-01_s5.jsonl" \
+    "$R/h200_steady_spread_k1_2026-12-01_s5.jsonl" "$R/h200_steady_spread_2026-12-01_s4.jsonl"
 [[ -f "$OUTDIR/h200_steady_spread_ktable_s8.jsonl" ]] || \
     cp "$R/h200_steady_spread_ktable_2026-12-02_s6.jsonl" "$OUTDIR/h200_steady_spread_ktable_s8.jsonl"
 # the engine logs hold the hook's overhead line: copy them every minute, so a cut-off call still brings them back

@@ -82,6 +82,12 @@ class BudgetMeter:
         return fixed_step_costs(full_s, LineSums(**dict(zip(LINE_FIELDS, self._line[:7], strict=True))))
 
     @property
+    def full_step(self) -> tuple[float, float]:
+        """(mean seconds, decayed count) of the timed steps that filled the budget; (0, 0) before any."""
+        seconds, steps = self._full
+        return (seconds / steps if steps > 0 else 0.0), steps
+
+    @property
     def timed_steps(self) -> float:
         """Decayed timed steps behind the line."""
         return self._line[7]
