@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pack")
     p.add_argument("wheel_dir", type=Path)
     p.add_argument("parts_dir", type=Path)
-    p.add_argument("--part-mib", type=int, default=50, help=
-                   "part size in MiB (a device call carries 64 MiB with the checkout, ~6 MiB)")
+    p.add_argument("--part-mib", type=int, default=44, help=
+                   "part size in MiB (a device call carries 64 MiB with the checkout, ~15 MiB with its results)")
     p = sub.add_parser("verify")
     p.add_argument("parts_dir", type=Path)
     args = parser.parse_args(argv)
