@@ -21,7 +21,9 @@ runs the width whose cell has the fewest measured steps, if that is below ``expl
 this costs is bounded by ``1 / explore_every``. Only steps that can be measured count and explore: a step that
 carries prompt tokens does not enter the cell table (its time is mostly the prompt's), so exploring there
 would cost a step at a worse width and measure nothing. Under a load where every step carries a prompt (the
-H200 at 256 requests with replaced requests) the rule runs on what the bucket measured before.
+H200 at 256 requests with replaced requests) the steady-step model prices the widths, and its meter times
+every step: there every ``explore_every``-th step runs the width the meter timed least while it has fewer than
+``explore_below_steady`` decayed steps, so the fit sees more than the width it runs (same share bound).
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ CURVE_REFRESH_STEPS = 8
 
 class WidthChooser:
     def __init__(self, widths: tuple[int, ...], k_max: int, explore_every: int = 50,
-                 explore_below: float = 100.0, token_budget: int | None = None) -> None:
+                 explore_below: float = 100.0, token_budget: int | None = None,
+                 explore_below_steady: float = 5.0) -> None:
         self.widths = widths
         self.k_max = k_max
         self.budget = BudgetMeter(token_budget) if token_budget and token_budget > 0 else None
         self.explore_every = explore_every
         self.explore_below = explore_below
+        self.explore_below_steady = explore_below_steady
+        self._steady_steps = 0
         self.width = k_max  # the static config's width until the first policy
         self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
         self._bucket_steps: dict[int, int] = {}
@@ -117,9 +122,28 @@ class WidthChooser:
         budget = self.budget.current() if self.budget is not None else None
         if budget is not None and not steady_regime(batch, self.widths[-1], budget):
             budget = None
+        if budget is not None and self._explore_steady():
+            return self.width
         self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
                                   budget=budget).width
         return self.width
+
+    def _explore_steady(self) -> bool:
+        """Every ``explore_every``-th step priced by the steady-step model runs the width the meter timed least,
+        while it has fewer than ``explore_below_steady`` decayed steps: every step there carries prompts, so the
+        cells' exploration never runs, and a meter that only saw one width fits the others' fixed cost from its
+        prior (on the H200 at 256 requests it kept K = 1 on low, 0.87x plain, where its undecayed fit of the
+        same session picks K = 0)."""
+        self._steady_steps += 1
+        if not self.explore_every or self._steady_steps % self.explore_every:
+            return False
+        meter = self.budget
+        least = min(self.widths, key=meter.width_steps)
+        if meter.width_steps(least) >= self.explore_below_steady:
+            return False
+        self.explored += 1
+        self.width = least
+        return True
 
     def _curves_for(self, mix: Mapping[str, int], table: PolicyTable) -> dict[str, tuple[float, ...]]:
         self._curves_age += 1

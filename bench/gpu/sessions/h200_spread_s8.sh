@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 8 of the `spread` sweep (planned, not run yet): session 7's plan again. Session 7's last call was cut
+# Session 8 of the `spread` sweep (ran 2026-12-02, SWEEP_BUDGET_S=1010: specctl, plain and ktable came back;
+# bench/gpu/README.md, session 8): session 7's plan again. Session 7's last call was cut
 # off at the session's last device seconds, and only specctl, plain and 3 k7 points came back. The aim: every
 # reference the GPU execution-model targets name, measured in the same session as specctl (one session's host
 # differs from another's at c >= 16 by more than the ratios claimed). In this order of priority:

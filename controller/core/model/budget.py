@@ -26,8 +26,8 @@ MIN_FULL_STEP_S = 1e-6
 
 
 class BudgetMeter:
-    """What the engine measured about its step token budget and its step cost: the decayed mean time of the
-    steps that filled it, each width's line ``a_K + b_K * tokens`` through that full step fitted to every step's
+    """What the engine measured about its step token budget and its step cost: the mean time of the last few
+    hundred steps that filled it, each width's line ``a_K + b_K * tokens`` through that full step fitted to every step's
     time (``a_K = a_0 + p K``), and the decayed prompt tokens per committed token. No I/O; O(1) per step.
     ``decay`` per step (1: none, for a benchmark that fits a whole recording)."""
 
@@ -38,23 +38,28 @@ class BudgetMeter:
         self._prompt = [0.0, 0.0]  # prompt tokens, committed tokens
         # LineSums' fields in order, then the steps behind them
         self._line = [0.0] * 8
+        self._widths: dict[int, float] = {}  # width -> decayed timed steps at it
 
     def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None,
                 width: int = 0) -> None:
         full, ratio, line, decay = self._full, self._prompt, self._line, self.decay
-        full[0] *= decay
-        full[1] *= decay
         ratio[0] = ratio[0] * decay + max(prompt, 0)
         ratio[1] = ratio[1] * decay + max(committed, 0)
         for i in range(8):
             line[i] *= decay
+        widths = self._widths
+        for w in widths:
+            widths[w] *= decay
         if interval_s is None or interval_s <= 0:
             return
         if scheduled >= FULL_SHARE * self.tokens:
-            full[0] += interval_s
-            full[1] += 1.0
+            # decayed per full step, not per step: a full step's time is the engine's, and a width that
+            # seldom fills the budget (K = 0 at 256 requests) must not forget it while it runs
+            full[0] = full[0] * decay + interval_s
+            full[1] = full[1] * decay + 1.0
         u = float(max(self.tokens - scheduled, 0)) / self.tokens
         k = float(max(width, 0))
+        widths[int(k)] = widths.get(int(k), 0.0) + 1.0
         uu = u * u
         line[0] += uu
         line[1] += k * uu
@@ -91,6 +96,11 @@ class BudgetMeter:
     def timed_steps(self) -> float:
         """Decayed timed steps behind the line."""
         return self._line[7]
+
+    def width_steps(self, width: int) -> float:
+        """Decayed timed steps at ``width``: where all of them ran one width, the fit knows only that width's
+        line, and the others' fixed costs come from the prior of :func:`fixed_step_costs`."""
+        return self._widths.get(width, 0.0)
 
 
 #: The order of :class:`LineSums`' fields in the meter's running sums.

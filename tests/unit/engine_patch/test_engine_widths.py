@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from engine_rig import Rig
 
@@ -202,6 +203,74 @@ def test_the_chooser_prices_widths_with_the_measured_step_cost_where_the_budget_
     assert free.choose(mix, table, 209) == 4  # the cells alone: K4 1 % above K2
     assert measured.choose(mix, table, 209) == 2  # as the static engines measured
     assert measured.choose({"json": 16}, table, 16) == free.choose({"json": 16}, table, 16)  # no width fills it
+
+
+#: The H200 at 256 requests, session 8's undecayed fit of its own steps: full steps of 53.8 ms, a_K = 8.8 +
+#: 9.45 K ms, 2 prompt tokens per committed token.
+H200_FULL_S, H200_A0, H200_P, H200_RHO = 2048 / 38081, 8.8e-3, 9.45e-3, 2.0
+PROSE_045 = list(geometric_lengths(0.45, 7))
+
+
+class SteadyEngine:
+    """That engine under steady load at 256 requests: each committed token brings ``rho`` prompt tokens into a
+    queue (a finished request is replaced by one with a new prompt), and each step takes from the queue what its
+    budget leaves after the verifying tokens; its time is its width's line, with 8 % noise."""
+
+    def __init__(self, curve: list[float], rng: np.random.Generator, batch: int = 256) -> None:
+        self.curve, self.rng, self.batch = curve, rng, batch
+        self.queued = 0.0
+
+    def step(self, k: int) -> tuple[int, int, int, float]:
+        """(scheduled, prompt, committed, seconds) of one step at width ``k``."""
+        committed = self.batch * self.curve[k]
+        verify = self.batch * (1 + k)
+        self.queued += float(self.rng.exponential(H200_RHO * committed))
+        prompt = int(min(self.queued, max(2048 - verify, 0)))
+        self.queued = min(self.queued - prompt, 4 * 2048.0)  # beyond that, requests wait outside the batch
+        scheduled = verify + prompt
+        a_k = min(H200_A0 + H200_P * k, H200_FULL_S)
+        seconds = (a_k + (H200_FULL_S - a_k) * scheduled / 2048) * (1 + self.rng.normal(0, 0.08))
+        return scheduled, prompt, round(committed), seconds
+
+
+def run_steady(chooser: WidthChooser, table, steps: int, engine: SteadyEngine) -> list[int]:
+    chosen = []
+    for _ in range(steps):
+        k = chooser.choose({"prose": 256}, table, 256, measurable=False)  # every step carries prompts
+        chooser.budget.observe(*engine.step(k), k)
+        chosen.append(k)
+    return chosen
+
+
+@pytest.mark.parametrize(("curve", "ran", "prior_pick", "explore_every", "settles_on"), [
+    (PROSE_045, 1, 1, 0, 1), (PROSE_045, 1, 1, 50, 0),  # low: K = 0 commits the most (the undecayed fit's pick)
+    (HIGH, 2, 2, 50, 2),  # high: exploring costs its share and keeps K = 2, the best static engine there
+])
+def test_steady_steps_explore_so_the_meter_learns_every_width_s_fixed_cost(
+        curve: list[float], ran: int, prior_pick: int, explore_every: int, settles_on: int) -> None:
+    """Session 8 at 256 requests on low: the meter had timed only K = 1 steps, fitted the other widths' fixed
+    cost from its prior (3 ms a drafted position, the engine's is 9.45) and kept K = 1 (0.87x plain); on that
+    engine K = 0 commits the most. Without exploration in the steady regime it stays there; with it, the fit
+    finds the passes' cost and the rule moves to K = 0 by itself, exploring at most 1 step in 50 (and on
+    high keeps K = 2)."""
+    rig = Rig(GRAPH)
+    install(rig, cells([10.0, 15.0, 17.0, 27.0, 29.0]), prose=CP(k=ran, expected=curve))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=explore_every, token_budget=2048)
+    engine = SteadyEngine(curve, np.random.default_rng(3))
+    for _ in range(400):  # what it measured before: one width at every step
+        chooser.budget.observe(*engine.step(ran), ran)
+    assert chooser.choose({"prose": 256}, table, 256, measurable=False) == prior_pick  # the prior's verdict
+    chosen = run_steady(chooser, table, 3000, engine)
+    tail = chosen[-1000:]
+    assert max(set(tail), key=tail.count) == settles_on
+    assert chooser.explored <= len(chosen) // 50
+    if explore_every and settles_on == 0:
+        budget = chooser.budget.current()
+        assert budget is not None and budget.fixed_for(0) == pytest.approx(H200_A0, rel=0.25)
+        assert budget.pass_s > 1.5 * PRIOR_PASS_S  # off the prior, towards the engine's 9.45 ms
+    if explore_every:
+        assert set(chosen) == set(GRAPH.graph_widths)  # each width the meter lacked was timed
 
 
 def test_the_hook_feeds_the_budget_meter_from_its_steps() -> None:
