@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.steady_table": "bench.gpu.steady_table",
     "gpu.steady_widths": "bench.gpu.steady_widths",
     "gpu.budget_model": "bench.gpu.budget_model",
+    "gpu.meter_replay": "bench.gpu.meter_replay",
     "gpu.premise": "bench.gpu.premise",
     "gpu.seed_static": "bench.gpu.seed_static",
 }
