@@ -86,6 +86,8 @@ class SteadyEngine:
     backports: bool = False
     #: specctl engine whose categories are pinned by operator overrides (oracle, premise)
     pinned: bool = False
+    #: variables the engine's processes start with beyond the sweep's own (a patch setting under test)
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def plugins(self) -> tuple[str, ...]:
@@ -99,6 +101,7 @@ class SteadyEngine:
         data = json.loads(text)
         if data.get("k_table") is not None:
             data["k_table"] = tuple(tuple(r) for r in data["k_table"])
+        data["env"] = tuple(tuple(kv) for kv in data.get("env", ()))
         return cls(**data)
 
 
@@ -114,6 +117,17 @@ def engines() -> list[SteadyEngine]:
         SteadyEngine(name="ktable", k=max(r[2] for r in K_TABLE), k_table=K_TABLE, backports=True),
         SteadyEngine(name="specctl", k=SPECCTL_K_MAX, specctl=True),
     ]
+
+
+#: The patch's setting that skips the drafter on K = 0 steps (engine_patch/backports.py, DRAFT_AT_ZERO_ENV).
+DRAFT_AT_ZERO_ENV = "SPECCTL_DRAFT_AT_ZERO"
+
+
+def optional_engines() -> list[SteadyEngine]:
+    """Engines a sweep starts only when ``--only`` names them: specctl with a patch setting under test.
+    ``specctl_skip``: K = 0 steps skip the drafter, so they cost what plain decoding costs, and the drafter's
+    KV cache misses the positions decoded at K = 0 (docs/engine.md)."""
+    return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),))]
 
 
 ORACLE_ENGINE = SteadyEngine(name=ORACLE, k=SPECCTL_K_MAX, specctl=True, pinned=True)

@@ -114,7 +114,8 @@ def sweep_plan(args: argparse.Namespace, rows: dict) -> list[tuple[plan.SteadyEn
         points = [pt for profile in profiles
                   for pt in plan.premise_points(timing, ks=ks, profile=profile, concurrency=cs)]
         return [(plan.PREMISE_ENGINE, points)]
-    chosen = [e for e in plan.engines() if not wanted or e.name in wanted]
+    chosen = ([e for e in plan.engines() if not wanted or e.name in wanted]
+              + [e for e in plan.optional_engines() if e.name in wanted])
     out = [(e, plan.engine_points(e, csv_names(args.profiles), concurrency, timing)) for e in chosen]
     if args.oracle or plan.ORACLE in wanted:
         out.append((plan.ORACLE_ENGINE, plan.oracle_points(rows, concurrency, timing)))
@@ -144,6 +145,7 @@ def child_env(engine: plan.SteadyEngine, base: dict[str, str], *, dist_dir: Path
         env["SPECCTL_COUNTERFACTUAL_SHARE"] = "0"
     else:
         env["SPECCTL_CONTROLLER_URL"] = "off"
+    env.update(engine.env)
     return env
 
 

@@ -5,6 +5,8 @@
 # explores on budget-bound steps. Aim, budget-bound points first, each beside its same-session references:
 #   specctl at c = 64 and 256 (every profile), plain there (low at 64 and 256, high at 256);
 #   K = 2 on high and mixed at 256, K = 7 on high and mixed at 64 (the best static engines there, sessions 4-7);
+#   specctl_skip (K = 0 steps without the drafter's pass) on low and mixed at 64 and 256: plain's cost at K = 0,
+#   and what the drafter's missed positions cost the categories that draft;
 #   the oracle (seeded from sessions 4-8); then specctl and K = 7 at c <= 16; widths at c = 256 if time is left.
 set -uo pipefail
 END=$(( $(date +%s) + ${SWEEP_BUDGET_S:-1480} ))
@@ -28,6 +30,7 @@ sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles low
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles high --concurrency 256
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k2 --profiles high,mixed --concurrency 256
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k7 --profiles high,mixed --concurrency 64
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles low,mixed --concurrency 64,256
 sweep --results "$ORACLE" --mirror "$OUTDIR/mirror_oracle" --only oracle
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k7 --profiles high,mixed --concurrency 1,4,16

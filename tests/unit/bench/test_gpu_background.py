@@ -54,6 +54,19 @@ def test_session_scripts_parse(session: Path) -> None:
     assert subprocess.run(["bash", "-n", str(session)], check=False, capture_output=True).returncode == 0
 
 
+@pytest.mark.parametrize("session", sorted((REPO / "bench" / "gpu" / "sessions").glob("*.sh")), ids=lambda p: p.name)
+def test_session_scripts_name_only_engines_the_sweep_knows(session: Path) -> None:
+    """A misspelt engine costs a device session's slot: every --only name must be one the sweep starts."""
+    import re
+
+    from bench.gpu import steady_plan as plan
+
+    known = {e.name for e in (*plan.engines(), *plan.optional_engines())} | {plan.ORACLE, plan.PREMISE}
+    commands = "\n".join(ln for ln in session.read_text().splitlines() if not ln.lstrip().startswith("#"))
+    named = {n for group in re.findall(r"--only (\S+)", commands) for n in group.split(",")}
+    assert named <= known, sorted(named - known)
+
+
 def test_a_wait_cut_off_still_leaves_what_the_script_had_written(home: Path, tmp_path: Path) -> None:
     """The device cuts a call short at the session's last seconds: the archive packed so far must be there."""
     assert run(home, "start", "tests/unit/bench/data/background_slow_job.sh").returncode == 0

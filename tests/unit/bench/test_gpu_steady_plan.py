@@ -121,7 +121,7 @@ def test_premise_points_pin_every_category_at_k():
 
 
 def test_engine_and_point_survive_json():
-    for engine in plan.engines():
+    for engine in (*plan.engines(), *plan.optional_engines(), plan.ORACLE_ENGINE):
         assert plan.SteadyEngine.from_json(engine.to_json()) == engine
     point = plan.oracle_points({("k4", "high", 1): row("k4", "high", 1, 1.0),
                                 ("plain", "low", 1): row("plain", "low", 1, 1.0)}, concurrency=(1,))[0]

@@ -9,7 +9,7 @@ import pytest
 from bench.gpu import steady_plan as plan
 from bench.gpu.sweep import REPO, child_env, error_row, parse, should_start, sweep_plan, timing_of
 
-BY_NAME = {e.name: e for e in plan.engines()}
+BY_NAME = {e.name: e for e in plan.engines() + plan.optional_engines()}
 
 
 def env_for(name: str, tmp_path, **kw):
@@ -41,6 +41,21 @@ def test_specctl_reports_to_the_controller_without_counterfactual_scoring(tmp_pa
     assert env["VLLM_PLUGINS"] == "specctl,specctl_bench"
     assert env["SPECCTL_CONTROLLER_URL"] == "http://127.0.0.1:9"
     assert env["SPECCTL_COUNTERFACTUAL_SHARE"] == "0"
+
+
+def test_specctl_skip_is_specctl_with_the_drafter_skipped_at_k_0_and_runs_only_when_named(tmp_path):
+    from specctl_vllm.engine_patch import backports
+
+    env = env_for("specctl_skip", tmp_path)
+    assert env[plan.DRAFT_AT_ZERO_ENV] == "skip" and backports.DRAFT_AT_ZERO_ENV == plan.DRAFT_AT_ZERO_ENV
+    assert backports.skip_draft_at_zero(env)
+    assert env["SPECCTL_CONTROLLER_URL"] == "http://127.0.0.1:9" and env["SPECCTL_ENGINE_ID"] == "gpu-steady-specctl_skip"
+    assert plan.DRAFT_AT_ZERO_ENV not in env_for("specctl", tmp_path)
+    assert "specctl_skip" not in [e.name for e, _ in sweep_plan(parse(["--results", "r.jsonl"]), {})]
+    named = sweep_plan(parse(["--results", "r", "--only", "specctl_skip", "--profiles", "low",
+                              "--concurrency", "64,256"]), {})
+    assert [(e.name, [p.key for p in pts]) for e, pts in named] == [
+        ("specctl_skip", [("specctl_skip", "low", 64), ("specctl_skip", "low", 256)])]
 
 
 def test_default_plan_only_premise_and_oracle():
