@@ -8,8 +8,10 @@ integer additions and the numpy calls per batch to a few per touched estimator.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import mul
 
@@ -68,6 +70,9 @@ MIN_STEP_S = 1e-6
 MIN_TOKEN_S = 1e-9
 #: Token-budget meters one model keeps (engines of one model with different max_num_batched_tokens).
 MAX_BUDGET_METERS = 4
+#: Engines whose last decode step's cell sample is held at once (one per engine of the model; past that the
+#: oldest is dropped, which loses one step's sample)
+MAX_HELD_CELL_TAILS = 256
 
 
 def _count(value: object) -> int:
@@ -95,12 +100,32 @@ class BatchDigest:
     new_categories: list[str]
     overflowed: int
     dropped_methods: int
-    #: graph-shaped decode steps: (batch size, width, seconds) for the step-cost cell table
+    #: graph-shaped decode steps: (batch size, width, seconds) for the step-cost cell table (:func:`cell_samples`)
     cell_samples: list[tuple[int, int, float]] = field(default_factory=list)
     #: graph-shaped engines that report their token budget: (budget, [(scheduled, prompt, committed,
     #: interval_s) per step]) for the steady-step model's meter
     budget_samples: tuple[int, list[tuple[int, int, int, float | None, int]]] | None = None
+    #: the engine the batch came from, its last step's cell sample (held until its next step is seen) and
+    #: whether the batch's first step carries prompt tokens (then the held sample is dropped)
+    engine: str = ""
+    cell_tail: tuple[int, int, float] | None = None
+    head_prompt: bool = False
 
+
+
+def cell_samples(steps: Sequence[StepRecord]) -> tuple[list[tuple[int, int, float]], tuple[int, int, float] | None]:
+    """The cell samples of consecutive steps of one engine: each decode step's :func:`cell_sample` if the step
+    after it carries no prompt tokens, and, apart, the last step's (its next step is in the engine's next
+    batch). Why: a decode step followed by a prompt step is charged for part of it. On the H200 (sessions 7
+    and 8, c = 16 and 64, every profile and width) such steps measured 2-3x the others (16-20 ms against 6-8
+    ms at 64 requests), so a width measured by a few steps, more of them before a prompt, looked dear: at 64
+    requests on low K = 1's 17 steps priced it at 15 ms, against 7.6 for those before a decode step."""
+    out = []
+    for step, after in itertools.pairwise(steps):
+        sample = cell_sample(step)
+        if sample is not None and after.prefill_tokens == 0:
+            out.append(sample)
+    return out, (cell_sample(steps[-1]) if steps else None)
 
 
 def cell_sample(step: StepRecord) -> tuple[int, int, float] | None:
@@ -123,6 +148,8 @@ class ModelState:
         self.mix = Mix()
         self.cost = OnlineCostModel(preset, settings.cost_prior_strength)
         self.cells = CellTable()
+        #: engine id -> its last decode step's cell sample, until that engine's next batch says what followed
+        self.cell_tails: dict[str, tuple[int, int, float]] = {}
         #: step token budget -> the steady-step model's meter, fed from the steps as the engine feeds its own;
         #: not persisted (full steps re-measure it within seconds of a budget-bound load)
         self.budgets: dict[int, BudgetMeter] = {}
@@ -140,15 +167,12 @@ class ModelState:
         methods_per_cat: dict[str, set[str]] = {}  # filled for the categories this batch touches only
         overflowed = dropped = busy = busy_req = extra = 0
         extra_values: list[int] = []
-        cell_samples: list[tuple[int, int, float]] = []
         budget = batch.spec.token_budget if batch.spec.graph_widths else None
         budget_samples: list[tuple[int, int, int, float | None, int]] = []
         seconds = 0.0
+        cells_in, cell_tail = cell_samples(batch.steps)
         for step in batch.steps:
             seconds += step.wall_s
-            sample = cell_sample(step)
-            if sample is not None:
-                cell_samples.append(sample)
             if budget is not None and step.scheduled_tokens > 0:
                 budget_samples.append(budget_sample(step))
             if step.batch_size > 0:
@@ -207,7 +231,9 @@ class ModelState:
         committed = _committed_tokens(requests, hists)
         return BatchDigest(hists, dict(asks), dict(requests), committed, dict(spec_off), dict(requests), shapes, busy,
                            busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped,
-                           cell_samples, (budget, budget_samples) if budget is not None else None)
+                           cells_in, (budget, budget_samples) if budget is not None else None,
+                           engine=f"{batch.engine_id}/{batch.boot_id}", cell_tail=cell_tail,
+                           head_prompt=bool(batch.steps) and batch.steps[0].prefill_tokens > 0)
 
     def apply(self, d: BatchDigest, now: float, s: LearnerSettings, engine_mix: Mix) -> None:
         for cat in d.new_categories:
@@ -243,10 +269,16 @@ class ModelState:
             mix.add(d.busy_steps, d.busy_requests, d.extra_tokens, d.per_category_mix, d.extra_values, d.committed)
         self.cost.decay_to(now, s.cost_half_life_s)
         self.cost.add_many(d.shapes)
-        if d.cell_samples:
+        held = self.cell_tails.pop(d.engine, None)
+        samples = d.cell_samples if held is None or d.head_prompt else [held, *d.cell_samples]
+        if samples:
             self.cells.decay_to(now, s.cost_half_life_s)
-            for n, width, seconds in d.cell_samples:
+            for n, width, seconds in samples:
                 self.cells.add(n, width, seconds)
+        if d.cell_tail is not None:
+            if len(self.cell_tails) >= MAX_HELD_CELL_TAILS:
+                del self.cell_tails[next(iter(self.cell_tails))]
+            self.cell_tails[d.engine] = d.cell_tail
         if d.budget_samples is not None:
             meter = self.budget_meter(d.budget_samples[0], create=True)
             for sample in d.budget_samples[1]:

@@ -56,7 +56,7 @@ import numpy as np
 from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.learner import cell_sample
+from specctl_vllm.controller.core.learner import cell_sample, cell_samples
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
 from specctl_vllm.controller.core.model.cells import CellTable, CellView
 from specctl_vllm.controller.core.model.search import search
@@ -318,13 +318,17 @@ def mixed_estimate(parts: Sequence[tuple[float, Estimate]]) -> Estimate:
 
 # --- graph-shaped engines: the cell table ----------------------------------------------------------------------
 def cell_view(batches: Sequence[TelemetryBatch], widths: Sequence[int], preset: CostCoefficients) -> CellView:
-    """The cell table of the recording's decode steps (undecayed), with the controller's prior from ``preset``."""
+    """The cell table of the recording's decode steps (undecayed; each engine's steps in the order they ran,
+    those before a prompt step left out as the controller leaves them, :func:`cell_samples`), with the
+    controller's prior from ``preset``."""
     table = CellTable()
+    per_engine: dict[tuple[str, str], list] = defaultdict(list)
     for b in batches:
-        for st in b.steps:
-            sample = cell_sample(st)
-            if sample is not None:
-                table.add(*sample)
+        per_engine[(b.engine_id, b.boot_id)].extend(b.steps)
+    for steps in per_engine.values():
+        samples, _last = cell_samples(steps)
+        for sample in samples:
+            table.add(*sample)
     return table.view(widths, preset)
 
 

@@ -64,6 +64,48 @@ def test_steps_with_prefill_do_not_enter_the_cells() -> None:
     assert all(c == 0 for row in cells.steps for c in row)
 
 
+def decode(width: int, seconds: float) -> object:
+    return step([cat_step("json", 64, JSON, k=width)], depth=width).model_copy(
+        update={"width": width, "interval_s": seconds})
+
+
+def prompt() -> object:
+    return step([cat_step("json", 64, JSON, k=1)], depth=1).model_copy(
+        update={"width": 1, "interval_s": 0.03, "prefill_tokens": 255, "scheduled_tokens": 383})
+
+
+def cell(b: Brain, width: int) -> tuple[float, float]:
+    """(mean seconds, decayed steps) the model's cell table holds for 64 requests at ``width``."""
+    seconds, steps = b._models["m"].cells.sums.get((bucket_of(64), width), [0.0, 0.0])
+    return (seconds / steps if steps else 0.0), steps
+
+
+@pytest.mark.parametrize(("batches", "k1_steps"), [
+    # H200 session 8, low at 64 requests: a decode step before a prompt step measured 16.8 ms, the others 7.6
+    ([[decode(1, 0.0076), decode(1, 0.0168), prompt(), decode(1, 0.0076)]], 1),  # the last: next step unknown
+    ([[decode(1, 0.0076), decode(1, 0.0076)], [prompt(), decode(1, 0.0076)]], 1),  # held, then dropped
+    ([[decode(1, 0.0076), decode(1, 0.0076)], [decode(1, 0.0076), decode(0, 0.0065)]], 3),  # held, then kept
+])
+def test_decode_steps_before_a_prompt_step_do_not_enter_the_cells(batches, k1_steps) -> None:
+    """Such a step is charged for part of the prompt step after it; a width measured by a few of them looked
+    dear (K = 1 priced at 15 ms at 64 requests on low, 2x its cost before decode steps) and was passed over."""
+    b = brain()
+    for seq, steps in enumerate(batches):
+        b.ingest(batch(steps, seq, spec=GRAPH_SPEC), 1000.0 + seq)
+    seconds, measured = cell(b, 1)
+    assert measured == pytest.approx(k1_steps, abs=0.05)  # decayed a little
+    assert seconds == pytest.approx(0.0076, rel=0.05)
+
+
+def test_a_held_decode_step_pairs_only_with_its_own_engine_s_next_step() -> None:
+    b = brain()
+    b.ingest(batch([decode(1, 0.0076), decode(1, 0.0076)], 0, spec=GRAPH_SPEC), 1000.0)
+    b.ingest(batch([decode(1, 0.0076)], 0, engine="e2", spec=GRAPH_SPEC), 1000.5)  # another engine's step
+    b.ingest(batch([prompt()], 1, spec=GRAPH_SPEC), 1001.0)
+    _seconds, measured = cell(b, 1)
+    assert measured == pytest.approx(1.0, abs=0.05)  # e1's first step; its held one met a prompt, e2's waits
+
+
 @pytest.mark.parametrize("widths", [[0, 0], [1, 2], [0, 4, 2], [0, 9]])
 def test_malformed_width_sets_are_refused_by_the_protocol(widths) -> None:
     from pydantic import ValidationError
