@@ -32,7 +32,9 @@ from bench.sim.profiles import FORMAT, Trace, parse
 from bench.sim.strategies import Specctl
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
+from specctl_vllm.controller.core.learner import cell_samples
 from specctl_vllm.controller.core.model.cells import CellTable, CellView
+from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import Aggregate, add_draft, new_entry
 from specctl_vllm.engine_patch.widths import WidthChooser
@@ -44,17 +46,21 @@ BETAS = {"high": 0.85, "low": 0.45}
 
 
 def measured_cells(paths: list[Path]) -> CellTable:
-    """The cell table of every graph-shaped decode step in recorded telemetry (JSONL, gzip or plain)."""
+    """The cell table of recorded telemetry (JSONL, gzip or plain) as the controller learns it: each engine's
+    graph-shaped decode steps in the order they ran, those before a prompt step left out
+    (:func:`~specctl_vllm.controller.core.learner.cell_samples`)."""
     table = CellTable()
     for path in paths:
+        per_engine: dict[tuple[str, str], list[StepRecord]] = {}
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:
             for line in fh:
-                for s in json.loads(line).get("steps", []):
-                    if s.get("width") is None or s.get("prefill_tokens", 0) or s.get("batch_size", 0) <= 0:
-                        continue
-                    wall, interval = float(s["wall_s"]), s.get("interval_s")
-                    table.add(int(s["batch_size"]), int(s["width"]), wall if interval is None else min(wall, interval))
+                if line.strip():
+                    b = TelemetryBatch.model_validate_json(line)
+                    per_engine.setdefault((b.engine_id, b.boot_id), []).extend(b.steps)
+        for steps in per_engine.values():
+            for sample in cell_samples(steps)[0]:
+                table.add(*sample)
     return table
 
 

@@ -33,14 +33,23 @@ def _step(batch, width, wall, interval=None, prefill=0):
     return s
 
 
+def _batch(steps, seq=0, engine="e1"):
+    return {"engine_id": engine, "boot_id": "b1", "model_name": "m", "seq": seq, "sent_at": 0.0,
+            "spec": {"method": "eagle3", "k_max": 7, "graph_widths": [0, 1, 2, 4, 7]}, "steps": steps}
+
+
 def test_measured_cells_keep_graph_shaped_decode_steps_only(tmp_path):
+    """As the controller learns them: decode steps of a graph-shaped engine, not the one before a prompt step
+    (charged for part of it), nor an engine's last (what followed it is unknown)."""
     path = tmp_path / "steps.jsonl.gz"
     steps = [_step(4, 2, 0.020, interval=0.006),  # under async scheduling the interval is the step's cost
              _step(4, 2, 0.006),
              _step(4, None, 0.5),  # not graph-shaped
-             _step(4, 2, 0.5, prefill=100)]  # carries a prompt
+             _step(4, 2, 0.016),  # before a prompt step
+             _step(4, 2, 0.5, prefill=100),  # carries a prompt
+             _step(4, 2, 0.006)]  # the last
     with gzip.open(path, "wt") as fh:
-        fh.write(json.dumps({"steps": steps}) + "\n")
+        fh.write(json.dumps(_batch(steps[:3])) + "\n" + json.dumps(_batch(steps[3:], seq=1)) + "\n")
     table = measured_cells([path])
     assert table.sums == {(bucket_of(4), 2): [pytest.approx(0.012), 2.0]}
 
