@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from operator import mul
 
 from specctl_vllm.controller.core.model.widths import LineSums, TokenBudget, fixed_step_costs
-from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
+from specctl_vllm.controller.protocol import MAX_K, StepRecord, TelemetryBatch
 
 #: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
 #: so a change of prompt lengths or load moves the steady-step model within seconds.
@@ -59,7 +59,8 @@ class BudgetMeter:
             full[1] = full[1] * decay + 1.0
         u = float(max(self.tokens - scheduled, 0)) / self.tokens
         k = float(max(width, 0))
-        widths[int(k)] = widths.get(int(k), 0.0) + 1.0
+        key = min(int(k), MAX_K)  # a width past any engine's set is one key: the dict stays small
+        widths[key] = widths.get(key, 0.0) + 1.0
         uu = u * u
         line[0] += uu
         line[1] += k * uu

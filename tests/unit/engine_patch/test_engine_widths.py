@@ -188,6 +188,17 @@ def test_budget_meter_fits_each_width_s_fixed_cost_from_steps_of_two_widths() ->
     assert verified_width(492, 256) == 2 and verified_width(0, 256) == 0 and verified_width(5, 0) == 0
 
 
+def test_budget_meter_counts_steps_per_width_in_a_bounded_table() -> None:
+    """Telemetry is the engine's word: widths past any engine's set (a step's draft tokens over its requests)
+    share one key, so a stream of distinct widths cannot grow the meter's per-step work."""
+    meter = BudgetMeter(2048)
+    for width in range(10_000):
+        meter.observe(1024, 0, 10, 0.02, width)
+    assert len(meter._widths) == protocol.MAX_K + 1
+    assert meter.width_steps(3) == pytest.approx(0.995 ** (10_000 - 4))
+    assert meter.width_steps(protocol.MAX_K) > 100
+
+
 def test_the_chooser_prices_widths_with_the_measured_step_cost_where_the_budget_binds() -> None:
     rig = Rig(GRAPH)
     row = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
