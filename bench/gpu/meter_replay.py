@@ -96,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.results, args.steps):
         if not path.is_file():
             p.error(f"no such file: {path}")
-    rows, times, steps = load(args.results, args.steps, "specctl")
-    print(render(replay(rows, times, steps, args.budget, args.min_concurrency)))
+    try:
+        rows, times, steps = load(args.results, args.steps, "specctl")
+        readings = replay(rows, times, steps, args.budget, args.min_concurrency)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        p.error(f"not a sweep's results and recorded steps: {type(exc).__name__}: {str(exc)[:200]}")
+    print(render(readings))
     return 0
 
 

@@ -79,3 +79,13 @@ def test_the_command_checks_its_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         mr.main([str(results), str(steps), "--budget", "0"])
     assert err.value.code == 2
+    capsys.readouterr()
+    steps.write_bytes(b"not gzip")  # a corrupt recording: a message and exit 2, not a traceback
+    with pytest.raises(SystemExit) as err:
+        mr.main([str(results), str(steps)])
+    assert err.value.code == 2 and "not a sweep's results" in capsys.readouterr().err
+    with gzip.open(steps, "wt") as fh:  # valid JSON, not a telemetry batch
+        fh.write(json.dumps({"sent_at": 1.0, "steps": [{"t": 0.5, "scheduled_tokens": 10}]}) + "\n")
+    with pytest.raises(SystemExit) as err:
+        mr.main([str(results), str(steps), "--min-concurrency", "1"])
+    assert err.value.code == 2
