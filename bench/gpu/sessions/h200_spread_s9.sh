@@ -9,22 +9,14 @@
 #   and what the drafter's missed positions cost the categories that draft;
 #   the oracle (seeded from sessions 4-8); then specctl and K = 7 at c <= 16; widths at c = 256 if time is left.
 set -uo pipefail
-END=$(( $(date +%s) + ${SWEEP_BUDGET_S:-1480} ))
-OUTDIR="${SPECCTL_BG_OUT:?}"
-R=bench/gpu/results/steady
+# shellcheck source=prelude.sh
+source "$(dirname "$0")/prelude.sh"
 RESULTS="$OUTDIR/h200_steady_spread_s9.jsonl"
 ORACLE="$OUTDIR/h200_steady_spread_oracle_s9.jsonl"
 [[ -f "$ORACLE" ]] || python3 -m bench gpu.seed_static "$ORACLE" "$R/h200_steady_spread_2026-12-02_s8.jsonl" \
     "$R/h200_steady_spread_2026-12-02_s7.jsonl" \
     "$R/h200_steady_spread_2026-12-02_s6.jsonl" "$R/h200_steady_spread_2026-12-01_s5.jsonl" \
     "$R/h200_steady_spread_k1_2026-12-01_s5.jsonl" "$R/h200_steady_spread_2026-12-01_s4.jsonl"
-# the engine logs hold the hook's overhead line: copy them every minute, so a cut-off call still brings them back
-( while sleep 60; do cp /root/specctl-gpu/spread-state/*.log "$OUTDIR/" 2>/dev/null; done ) &
-COPIER=$!
-COMMON=(--state-dir /root/specctl-gpu/spread-state --allow-partial --workload spread --grace-s 10)
-left() { echo $(( END - $(date +%s) )); }
-sweep() { local b; b=$(left); ((b > 60)) || { echo "== no time left for: $*"; return 0; }
-          echo "== $(date +%T) budget ${b}s: $*"; PYTHONUNBUFFERED=1 python3 -m bench gpu.sweep "${COMMON[@]}" --budget-s "$b" "$@"; }
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl --concurrency 64,256
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles low --concurrency 64,256
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles high --concurrency 256
@@ -36,6 +28,4 @@ sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k7 --profiles high,mixed --concurrency 1,4,16
 sweep --results "$OUTDIR/h200_steady_spread_widths_c256.jsonl" --mirror "$OUTDIR/mirror_widths" --premise \
       --premise-profile mixed,high --premise-concurrency 256 --premise-ks 0,1,2,4
-kill "$COPIER" 2>/dev/null
-cp /root/specctl-gpu/spread-state/*.log "$OUTDIR/" 2>/dev/null || true
-echo "== $(date +%T) done"
+session_done

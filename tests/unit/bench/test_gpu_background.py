@@ -85,3 +85,16 @@ def test_a_wait_cut_off_still_leaves_what_the_script_had_written(home: Path, tmp
     finally:
         pid = int((home / "bg" / "pid").read_text())
         subprocess.run(["kill", "--", f"-{pid}"], check=False)
+
+
+def test_the_session_prelude_skips_what_the_budget_cannot_hold_and_stops_its_copier(tmp_path: Path) -> None:
+    """A session script sources the prelude: its `sweep` starts nothing once 60 s or less are left, and
+    `session_done` ends the log copier (the script's background job), so the script exits."""
+    script = tmp_path / "session.sh"
+    script.write_text(f'set -uo pipefail\nsource "{REPO}/bench/gpu/sessions/prelude.sh"\n'
+                      'sweep --results r.jsonl --only plain\nsession_done\n')
+    env = {"PATH": "/usr/bin:/bin", "SWEEP_BUDGET_S": "30", "SPECCTL_BG_OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "== no time left for: --results r.jsonl --only plain" in done.stdout
+    assert done.stdout.rstrip().endswith("done")
