@@ -28,9 +28,12 @@ per scheduled request, drafted = scheduled drafts − grammar-invalid drafts and
 :func:`specctl_vllm.controller.adapt.next_k`; push one :class:`~specctl_vllm.engine_patch.telemetry.StepRow`.
 Graph-shaped engines make no pass of their own: vLLM's ``update_from_output`` already walks the batch and calls
 ``make_spec_decoding_stats`` once per drafted request with the drafts and accepted tokens its counters count;
-the scheduler mixin forwards each call to :meth:`SpecHook.on_spec_stats`, and ``finish`` counts the step's
-requests that verified nothing from the step's mix (on the GPU the second pass over a cache-cold batch was two
-thirds of the hook's cost at 256 requests).
+the runtime wraps that one method of the scheduler instance in :func:`counting_call`, which appends
+``(request id, drafts, accepted)`` to the step's sink and calls vLLM's method (on the GPU the patch's own second
+pass over a cache-cold batch was two thirds of the hook's cost at 256 requests, and a class-level override
+with ``*args``/``super()`` cost 1.4 us per drafted request). ``finish`` tallies the sink in one counting pass
+(request id -> category key from a table kept as rules resolve) and counts the step's requests that verified
+nothing from the step's mix.
 
 Placeholder padding (vLLM pads a request admitted with exactly one new token to ``1 + num_spec_tokens``
 with placeholder drafts, ignoring any cap) is disabled by the scheduler at start-up, see
@@ -42,9 +45,10 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from specctl_vllm.controller import protocol
@@ -71,6 +75,9 @@ OVERHEAD_LOG_EVERY_S = 30.0
 STATE_ATTR = "_specctl_state"
 #: Two step ends closer than this are back-to-back steps of a busy engine: the gap is the later step's cost.
 BUSY_GAP_S = 0.5
+#: Key-table entries of requests vLLM no longer holds that ``finish`` lets accumulate before it drops them
+#: (one pass over the table per this many finished requests).
+KEYS_SLACK = 64
 #: Counterfactual credit stays within +-this: an idle period does not buy a burst of scoring work, and a
 #: period where the hook alone overran the budget is forgotten after a while.
 CF_CREDIT_CAP_NS = 20_000_000
@@ -92,6 +99,20 @@ class RequestState:
         self.key_off: tuple[str, str] = (category, protocol.METHOD_OFF)
         self.history: TokenHistory | None = None
         self.pending: list[tuple[str, int, list[int]]] | None = None  # counterfactual proposals to score
+
+
+_state_of_request = attrgetter(STATE_ATTR)
+_generation_of_state = attrgetter("gen")
+_category_of_state = attrgetter("category")
+_drafts_of_request = attrgetter("spec_token_ids")
+
+
+def _pad_to_width(running: Iterable[Any], width: int) -> None:
+    """Drafts of every request that has some to exactly ``width``: cut, or padded with vLLM's placeholder -1."""
+    for request in running:
+        spec = request.spec_token_ids
+        if spec and len(spec) != width:
+            request.spec_token_ids = spec[:width] if len(spec) > width else [*spec, *([-1] * (width - len(spec)))]
 
 
 def committed_tokens(agg: Aggregate) -> int:
@@ -205,8 +226,8 @@ class _Step:
         self.agg: Aggregate = {}
         self.width: int | None = None  # graph-shaped: the width this step verifies
         self.mix: dict[str, int] | None = None  # graph-shaped: requests per category
-        self.engine_loop = False  # drafted requests are counted from vLLM's own update loop (on_spec_stats)
-        self.spec_ns = 0  # time spent in on_spec_stats, charged to the observe section in finish
+        self.engine_loop = False  # drafted requests are counted in vLLM's own update loop (counting_call)
+        self.spec_ns = 0  # the step's counting calls at their measured price, charged to observe in finish
         self.rule_ns = 0  # graph-shaped: the width rule's share of the after section
 
 
@@ -256,6 +277,15 @@ class SpecHook:
         #: supported vLLM; the runtime checks it at start-up): the drafted requests are counted there, inside
         #: vLLM's own pass over the batch, and ``observe`` makes no pass of its own.
         self.drafts_from_engine_loop = False
+        #: (request id, drafts, accepted) per drafted request of the step in ``update_from_output``, appended by
+        #: :func:`counting_call`; a list only between ``observe`` and ``finish`` of an engine-loop step.
+        self.spec_sink: list[tuple[str, int, int]] | None = None
+        #: What one :func:`counting_call` costs beyond vLLM's own call, ns (:func:`counting_call_ns` measures it
+        #: at start-up): the calls run outside the hook's sections, so each is charged at this price.
+        self.spec_call_ns = 0.0
+        #: request id -> its category key for drafted requests (``key_on``), kept as rules resolve; entries of
+        #: requests vLLM no longer holds are dropped in ``finish``.
+        self._keys: dict[str, tuple[str, str]] = {}
         self._last_end: float | None = None
         self._last_log = clock()
 
@@ -298,6 +328,8 @@ class SpecHook:
         drafter = self.engine.method if rule.method == protocol.METHOD_OFF else rule.method
         state.key_on = (state.category, drafter)
         state.key_off = (state.category, protocol.METHOD_OFF)
+        if self.drafts_from_engine_loop:
+            self._keys[request.request_id] = state.key_on
 
     # -- before schedule() -----------------------------------------------------------------------------
 
@@ -339,22 +371,34 @@ class SpecHook:
 
     def _before_graph_step(self, running: Sequence[Any], table: PolicyTable, step: _Step) -> None:
         """Graph-shaped steps: no request is trimmed; every request verifies the step's width (vLLM's
-        placeholder drafts, -1, pad a request that has fewer, as its async scheduler does)."""
+        placeholder drafts, -1, pad a request that has fewer, as its async scheduler does).
+
+        The common step (every request resolved under this table, drafts already at the width or none) is
+        counted in C passes over the batch (attribute getters, a Counter, a set of lengths): the batch is
+        cache-cold on a GPU host, where a Python loop over 256 requests cost 0.2 ms a step."""
         width = self.widths.width
         step.width = width
-        mix: dict[str, int] = {}
-        # The loop touches every running request each step, cache-cold on a GPU host: its names are local.
-        count = mix.get
         generation = table.generation
+        try:
+            states = list(map(_state_of_request, running))
+        except AttributeError:  # a request the patch has not seen yet
+            states = None
+        if states is not None and set(map(_generation_of_state, states)) <= {generation}:
+            lengths = set(map(len, map(_drafts_of_request, running)))
+            lengths.discard(0)
+            if lengths and lengths != {width}:
+                _pad_to_width(running, width)
+            step.mix = dict(Counter(map(_category_of_state, states)))
+            return
+        mix: dict[str, int] = {}
+        count = mix.get
         for request in running:
             state = getattr(request, STATE_ATTR, None)
             if state is None or state.gen != generation:
                 state = self.state_of(request, table)
             category = state.category
             mix[category] = count(category, 0) + 1
-            spec = request.spec_token_ids
-            if spec and len(spec) != width:
-                request.spec_token_ids = spec[:width] if len(spec) > width else [*spec, *([-1] * (width - len(spec)))]
+        _pad_to_width(running, width)
         step.mix = mix
 
     def _draft_model_free(self, request: Any, state: RequestState, k: int) -> int:
@@ -497,6 +541,7 @@ class SpecHook:
         if self.drafts_from_engine_loop and step.mix is not None:
             step.engine_loop = True
             step.output = sum(map(len, sched_spec.values())) if sched_spec else 0
+            self.spec_sink = []
             self._close(step, 2, t, c)
             return
         invalid = getattr(output, "num_invalid_spec_tokens", None)
@@ -557,32 +602,48 @@ class SpecHook:
         step.output = draft_tokens  # the output object is no longer needed; keep the count
         self._close(step, 2, t, c)
 
-    def on_spec_stats(self, request: Any, request_id: str, num_draft_tokens: int, num_accepted_tokens: int,
-                      invalid: Mapping[str, int] | None) -> None:
-        """One drafted request of the current step, from vLLM's ``make_spec_decoding_stats`` (called inside its
-        ``update_from_output`` loop for exactly the drafts its counters count, so the sums reconcile by
-        construction). Graph-shaped steps only; no per-request k to adapt there."""
-        step = self._current
-        if step is None or not step.engine_loop or request is None:
+    def _tally_spec_sink(self, step: _Step, sink: list[tuple[str, int, int]], output: Any,
+                         requests: Mapping[str, Any] | None) -> None:
+        """Engine-loop steps: fold the step's drafted requests (from vLLM's ``make_spec_decoding_stats`` calls,
+        exactly the drafts its counters count) into the step's histograms: one counting pass over
+        (key, drafts, accepted), then one update per distinct triple (a few per category)."""
+        if not sink:
             return
-        t = self.perf_ns()
-        state = request.__dict__.get(STATE_ATTR)
-        if state is None:
-            state = self.state_of(request, step.table)
-        drafted = num_draft_tokens - invalid.get(request_id, 0) if invalid else num_draft_tokens
-        accepted = min(drafted, num_accepted_tokens)  # vLLM: max(len(sampled) - num_sampled, 0)
-        key = state.key_on
+        rids, drafts, accepted = zip(*sink)
+        invalid = getattr(output, "num_invalid_spec_tokens", None)
+        if invalid:  # grammar-rejected drafts are not drafted (vLLM subtracts them in the same call)
+            drafts = [d - invalid.get(rid, 0) for rid, d in zip(rids, drafts)]
+        keys = self._keys
+        tally = Counter(zip(map(keys.get, rids), drafts, accepted))
+        if None in (key for key, _, _ in tally):
+            tally = self._tally_unkeyed(step, rids, drafts, accepted, requests)
         agg = step.agg
-        entry = agg.get(key)
-        if entry is None:
-            entry = agg[key] = new_entry()
-        entry.requests += 1
-        if drafted > 0:
-            bucket = entry.hists.get(drafted)
-            if bucket is None:
-                bucket = entry.hists[drafted] = [0] * (drafted + 1)
-            bucket[accepted] += 1
-        step.spec_ns += self.perf_ns() - t
+        for (key, drafted, took), n in tally.items():
+            entry = agg.get(key)
+            if entry is None:
+                entry = agg[key] = new_entry()
+            entry.requests += n
+            if drafted > 0:
+                bucket = entry.hists.get(drafted)
+                if bucket is None:
+                    bucket = entry.hists[drafted] = [0] * (drafted + 1)
+                bucket[min(max(took, 0), drafted)] += n  # vLLM: max(len(sampled) - num_sampled, 0) <= drafts
+
+    def _tally_unkeyed(self, step: _Step, rids: Sequence[str], drafts: Sequence[int], accepted: Sequence[int],
+                       requests: Mapping[str, Any] | None) -> Counter:
+        """The rare path: a request whose key is not in the table (resumed after the table dropped it, or a
+        request the hook has not seen); resolved from vLLM's request, or left out where vLLM no longer has it."""
+        keys = self._keys
+        tally: Counter = Counter()
+        for rid, d, a in zip(rids, drafts, accepted):
+            key = keys.get(rid)
+            if key is None:
+                request = requests.get(rid) if requests is not None else None
+                if request is None:
+                    continue
+                key = keys[rid] = self.state_of(request, step.table).key_on
+            tally[(key, d, a)] += 1
+        return tally
 
     def _count_undrafted(self, step: _Step, batch: int) -> None:
         """Engine-loop steps: the step's requests that verified no drafts (prefill chunks, K = 0), per category
@@ -602,7 +663,9 @@ class SpecHook:
             entry.requests += rest
             left -= rest
 
-    def finish(self, output: Any) -> None:
+    def finish(self, output: Any, requests: Mapping[str, Any] | None = None) -> None:
+        sink = self.spec_sink
+        self.spec_sink = None
         step = self._current
         self._current = None
         if step is None:
@@ -611,10 +674,16 @@ class SpecHook:
         t = self.perf_ns()
         batch = len(output.num_scheduled_tokens)
         if step.engine_loop:
-            step.hook_ns += step.spec_ns
-            step.sections[2] += step.spec_ns
-            step.cpu_ns += step.spec_ns  # no clock of thread CPU per request: its wall time (no I/O, no lock)
+            if sink is not None:
+                self._tally_spec_sink(step, sink, output, requests)
+                # the calls ran inside vLLM's loop, outside any section: each at its measured price, in observe
+                step.spec_ns = int(len(sink) * self.spec_call_ns)
+                step.hook_ns += step.spec_ns
+                step.sections[2] += step.spec_ns
+                step.cpu_ns += step.spec_ns  # no thread-CPU clock per call: its wall price (no I/O, no lock)
             self._count_undrafted(step, batch)
+            if requests is not None and len(self._keys) > len(requests) + KEYS_SLACK:
+                self._keys = {rid: key for rid, key in self._keys.items() if rid in requests}
         scheduled = output.total_num_scheduled_tokens
         draft_tokens = step.output if isinstance(step.output, int) else 0
         now = self.clock()
@@ -670,3 +739,53 @@ class SpecHook:
 
     def categories(self) -> Iterable[str]:
         return tuple(self._categories)
+
+
+def counting_call(hook: SpecHook, original: Callable[..., Any], failed: Callable[[str], None]) -> Callable[..., Any]:
+    """vLLM's ``make_spec_decoding_stats`` (its bound method ``original``, with the parameters the runtime checked
+    at start-up) that also hands each drafted request's numbers to the hook's sink: one tuple appended, no
+    lookups, and nothing but vLLM's own call where no sink is open. Nothing raises into vLLM's loop."""
+
+    def make_spec_decoding_stats(spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
+                                 num_invalid_spec_tokens: Any, request_id: str) -> Any:
+        sink = hook.spec_sink
+        if sink is not None:
+            try:
+                sink.append((request_id, num_draft_tokens, num_accepted_tokens))
+            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (failed logs it)
+                failed("observe")
+        return original(spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+                        request_id)
+
+    return make_spec_decoding_stats
+
+
+def counting_call_ns(calls: int = 4096, repeats: int = 5, perf_ns: Callable[[], int] = time.perf_counter_ns) -> float:
+    """What :func:`counting_call` adds to one call of the method it wraps, ns: the best of ``repeats`` timings of
+    ``calls`` calls through it with an open sink, minus the same calls made directly (measured once at start-up,
+    on the engine's own host, so the per-step overhead line prices calls that no section can time)."""
+
+    def original(spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
+                 num_invalid_spec_tokens: Any, request_id: str) -> None:
+        return None
+
+    class _Hook:
+        spec_sink: list | None = None
+
+    probe = _Hook()
+    wrapped = counting_call(probe, original, lambda section: None)  # type: ignore[arg-type]
+    ids = [f"r{i}" for i in range(256)]
+
+    def timed(fn: Callable[..., Any]) -> int:
+        best = None
+        for _ in range(repeats):
+            probe.spec_sink = []
+            t = perf_ns()
+            for i in range(calls):
+                fn(None, num_draft_tokens=4, num_accepted_tokens=2, num_invalid_spec_tokens=None,
+                   request_id=ids[i & 255])
+            spent = perf_ns() - t
+            best = spent if best is None else min(best, spent)
+        return best or 0
+
+    return max(timed(wrapped) - timed(original), 0) / calls

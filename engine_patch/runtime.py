@@ -1,6 +1,7 @@
 """The patch's runtime inside one EngineCore, and the scheduler mixin that drives it (no vLLM import here).
 
-:class:`SpecctlMixin` overrides five scheduler methods and calls the parent in each; the work sits in
+:class:`SpecctlMixin` overrides four scheduler methods and calls the parent in each (graph-shaped engines also
+wrap the instance's ``make_spec_decoding_stats``, :func:`install_counting_call`); the work sits in
 :class:`specctl_vllm.engine_patch.hook.SpecHook`. Every hook call is guarded: an exception is logged once per hook,
 counted, and that step runs exactly as vLLM would; after ``SPECCTL_ERROR_LIMIT`` failures the patch turns
 itself off for the engine's lifetime. Nothing in the patch can raise into vLLM's loop.
@@ -21,7 +22,7 @@ from typing import Any
 
 from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch import backports
-from specctl_vllm.engine_patch.hook import SpecHook
+from specctl_vllm.engine_patch.hook import SpecHook, counting_call, counting_call_ns
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings, default_engine_id, load_settings
@@ -50,6 +51,7 @@ class SpecctlRuntime:
             logger.exception("specctl: %s failed; this step runs as plain vLLM (logged once per hook)", section)
         if sum(self.errors.values()) >= self.error_limit and self.enabled:
             self.enabled = False
+            self.hook.spec_sink = None  # vLLM's loop stops handing the patch anything
             logger.error("specctl: %d hook failures %s; the patch is off for the rest of this engine's life",
                          sum(self.errors.values()), self.errors)
 
@@ -97,14 +99,14 @@ def served_model_name(vllm_config: Any) -> str:
     return str(name)[:256]
 
 
-#: vLLM's per-drafted-request call inside ``update_from_output`` (0.26-0.33), as the patch overrides it.
+#: vLLM's per-drafted-request call inside ``update_from_output`` (0.26-0.33), as the patch wraps it.
 SPEC_STATS_PARAMS = ("self", "spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens",
                      "num_invalid_spec_tokens", "request_id")
 
 
 def engine_loop_counts_drafts(scheduler_cls: type) -> bool:
     """Whether the installed vLLM scheduler calls ``make_spec_decoding_stats`` (with the parameters the patch
-    overrides) from its ``update_from_output``: checked against the installed code, not the version number."""
+    wraps) from its ``update_from_output``: checked against the installed code, not the version number."""
     for cls in scheduler_cls.__mro__:
         if not cls.__module__.startswith("vllm.") or "update_from_output" not in cls.__dict__:
             continue
@@ -116,6 +118,16 @@ def engine_loop_counts_drafts(scheduler_cls: type) -> bool:
             return False
         return params == SPEC_STATS_PARAMS and "self.make_spec_decoding_stats(" in source
     return False
+
+
+def install_counting_call(scheduler: Any, rt: SpecctlRuntime) -> None:
+    """Wrap this scheduler instance's ``make_spec_decoding_stats`` (vLLM's method, whose parameters
+    :func:`engine_loop_counts_drafts` checked) in :func:`~specctl_vllm.engine_patch.hook.counting_call`: an
+    instance attribute, so vLLM's ``self.make_spec_decoding_stats(...)`` finds it first, and the class is left
+    as vLLM wrote it. Prices one call for the overhead line."""
+    hook = rt.hook
+    hook.spec_call_ns = counting_call_ns()
+    scheduler.make_spec_decoding_stats = counting_call(hook, scheduler.make_spec_decoding_stats, rt.failed)
 
 
 def token_budget_of(scheduler: Any) -> int | None:
@@ -187,6 +199,8 @@ class SpecctlMixin:
         self._specctl = None
         try:
             self._specctl = build_runtime(self)
+            if self._specctl.hook.drafts_from_engine_loop:
+                install_counting_call(self, self._specctl)
         except Exception:  # a broken patch must leave a working vLLM
             logger.exception("specctl: engine patch failed to start; the engine runs as plain vLLM")
 
@@ -219,28 +233,10 @@ class SpecctlMixin:
         outputs = super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
         if active:
             try:
-                rt.hook.finish(scheduler_output)
+                rt.hook.finish(scheduler_output, self.requests)
             except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
                 rt.failed("finish")
         return outputs
-
-    def make_spec_decoding_stats(self, *args: Any, **kwargs: Any) -> Any:
-        # Any call shape is passed on untouched: on a vLLM whose call differs (allowed with
-        # SPECCTL_ALLOW_UNSUPPORTED_VLLM) the start-up check leaves drafts_from_engine_loop off and this forwards.
-        rt = self._specctl
-        if rt is not None and rt.enabled and rt.hook.drafts_from_engine_loop:
-            try:
-                if len(args) == 1 and len(kwargs) == 4:  # vLLM's own call: the stats object, then keywords
-                    draft, accepted = kwargs["num_draft_tokens"], kwargs["num_accepted_tokens"]
-                    invalid, request_id = kwargs["num_invalid_spec_tokens"], kwargs["request_id"]
-                else:
-                    named = dict(zip(SPEC_STATS_PARAMS[1:], args)) | kwargs
-                    draft, accepted = named["num_draft_tokens"], named["num_accepted_tokens"]
-                    invalid, request_id = named["num_invalid_spec_tokens"], named["request_id"]
-                rt.hook.on_spec_stats(self.requests.get(request_id), request_id, draft, accepted, invalid)
-            except Exception:  # noqa: BLE001 - nothing may raise into vLLM's loop (rt.failed logs it)
-                rt.failed("observe")
-        return super().make_spec_decoding_stats(*args, **kwargs)
 
     def shutdown(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -99,6 +99,15 @@ class SimEngine:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
+    def _counting_call(self) -> Callable[..., Any]:
+        """The patch's wrapper of vLLM's ``make_spec_decoding_stats``, around a method that does nothing."""
+        if getattr(self, "_count", None) is None:
+            from specctl_vllm.engine_patch.hook import counting_call
+
+            failures = self.counting_failures = []
+            self._count = counting_call(self.hook, lambda *args: None, failures.append)
+        return self._count
+
     def target_next(self, request: Any, offset: int) -> int:
         script = self.scripts[request.request_id]
         i = request.num_output_tokens + offset
@@ -150,17 +159,20 @@ class SimEngine:
         runner = SimRunnerOutput(index, sampled)
         hook.observe(output, runner, self.requests)
         if getattr(hook, "drafts_from_engine_loop", False):  # vLLM's update loop: make_spec_decoding_stats
+            count = self._counting_call()
             for rid, tokens in zip(num_sched, sampled):
                 spec = spec_sched.get(rid)
-                if spec and tokens:
-                    hook.on_spec_stats(self.requests.get(rid), rid, len(spec), max(len(tokens) - 1, 0), invalid)
+                if spec and tokens:  # vLLM's call, keyword for keyword
+                    count(None, num_draft_tokens=len(spec), num_accepted_tokens=max(len(tokens) - 1, 0),
+                          num_invalid_spec_tokens=invalid, request_id=rid)
         for rid, tokens in zip(num_sched, sampled):
             r = self.requests[rid]
             r.append_output_token_ids(tokens)
             r.num_computed_tokens = r.num_tokens - 1
             if r.num_output_tokens >= r.max_tokens and isinstance(r, FakeRequest):
                 r.finished = True
-        hook.finish(output)
+        live = {rid: r for rid, r in self.requests.items() if not r.is_finished()}  # vLLM frees finished ones
+        hook.finish(output, live)
         self.running = [r for r in self.running if not r.is_finished()]
         if self.drafter is not None:
             for r in self.running:

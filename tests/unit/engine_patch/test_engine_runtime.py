@@ -197,45 +197,58 @@ def test_vllms_own_update_loop_is_recognised_where_it_counts_drafts() -> None:
     assert not runtime.engine_loop_counts_drafts(Patched)  # no vLLM class in its MRO
 
 
-def test_drafts_reach_the_hook_from_vllms_loop_and_vllm_keeps_its_stats(caplog) -> None:
+def test_drafts_reach_the_sink_from_vllms_loop_and_vllm_keeps_its_stats(caplog) -> None:
     s = Patched()
-    seen = []
-    s._specctl.hook.drafts_from_engine_loop = True
-    s._specctl.hook.on_spec_stats = lambda *args: seen.append(args)
-    s.requests = {"r1": "request r1"}
+    rt = s._specctl
+    assert "make_spec_decoding_stats" not in s.__dict__  # not a vLLM class: the start-up check left it alone
+    runtime.install_counting_call(s, rt)
+    assert rt.hook.spec_call_ns >= 0
     assert s.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=2,
                                       num_invalid_spec_tokens=None, request_id="r1") == "stats"
-    assert seen == [("request r1", "r1", 4, 2, None)] and s.calls == ["stats r1 4 2"]
-    s._specctl.hook.drafts_from_engine_loop = False  # the patch's own pass counts them: nothing in vLLM's loop
-    assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats" and len(seen) == 1
-    s._specctl.hook.drafts_from_engine_loop = True
-    assert s.make_spec_decoding_stats(None, 5, 3, None, "r1") == "stats"  # positional: the same numbers
-    assert seen[-1] == ("request r1", "r1", 5, 3, None)
-    s._specctl.hook = Exploding()
+    assert s.calls == ["stats r1 4 2"]  # no step open: vLLM's call only, nothing kept
+    rt.hook.spec_sink = []  # as observe opens it on an engine-loop step
+    assert s.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=2,
+                                      num_invalid_spec_tokens={"r1": 1}, request_id="r1") == "stats"
+    assert s.make_spec_decoding_stats(None, 5, 3, None, "r2") == "stats"  # positional: the same numbers
+    assert rt.hook.spec_sink == [("r1", 4, 2), ("r2", 5, 3)]
+    assert s.calls == ["stats r1 4 2", "stats r1 4 2", "stats r2 5 3"]
+
+    class Unappendable:
+        def append(self, item):
+            raise RuntimeError("broken sink")
+
+    rt.hook.spec_sink = Unappendable()
     with caplog.at_level(logging.ERROR, logger="vllm.specctl.engine"):
-        assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats"
-    assert s._specctl.errors == {"observe": 1}
+        assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats"  # vLLM's call still made
+    assert rt.errors == {"observe": 1} and s.calls[-1] == "stats r1 4 2"
 
 
-def test_a_call_of_another_shape_reaches_vllm_unchanged() -> None:
-    """A vLLM whose call differs never sees an error from the override: the parent gets the call as made."""
-    class Other:
-        def __init__(self, *args, **kwargs) -> None:
-            self.got = None
+def test_a_disabled_patch_hands_vllms_loop_nothing() -> None:
+    s = Patched()
+    rt = s._specctl
+    runtime.install_counting_call(s, rt)
+    rt.hook.spec_sink = []
+    rt.error_limit = 1
+    rt.failed("observe")  # the limit: the patch turns itself off
+    assert not rt.enabled and rt.hook.spec_sink is None
+    assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats" and rt.hook.spec_sink is None
 
-        def make_spec_decoding_stats(self, stats, drafts, accepted):
-            self.got = (stats, drafts, accepted)
-            return "other"
 
-    class PatchedOther(SpecctlMixin, Other):
-        pass
+def test_a_vllm_whose_call_differs_gets_no_wrapper() -> None:
+    """On a vLLM whose ``make_spec_decoding_stats`` has other parameters the start-up check fails, nothing wraps
+    the method, and vLLM's call reaches it as made."""
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    s = PatchedOther()
-    s._specctl = build_runtime(Patched())
-    s._specctl.hook.drafts_from_engine_loop = True
-    s.requests = {}
-    assert s.make_spec_decoding_stats("st", drafts=3, accepted=1) == "other" and s.got == ("st", 3, 1)
-    assert s._specctl.errors == {"observe": 1}  # the patch could not read it; the engine step went on
+    from specctl_vllm.engine_patch.scheduler import SpecctlScheduler
+
+    def stats(self, stats, drafts, accepted):
+        return ("other", stats, drafts, accepted)
+
+    reshaped = type("Scheduler", (Scheduler,), {"__module__": "vllm.v1.core.sched.other",
+                                                "update_from_output": Scheduler.update_from_output,
+                                                "make_spec_decoding_stats": stats})
+    assert not runtime.engine_loop_counts_drafts(type("P", (SpecctlScheduler, reshaped), {}))
+    assert runtime.engine_loop_counts_drafts(SpecctlScheduler)
 
 
 @pytest.mark.parametrize(
