@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "reporter_cost": "bench.reporter_cost",
     # the vLLM CPU engine
     "overhead": "bench.overhead",
+    "mixin_ab": "bench.mixin_ab",
     "cpu_engine": "bench.cpu_engine",
     "cpu.identical": "bench.cpu.identical",
     "cpu.stats": "bench.cpu.stats",

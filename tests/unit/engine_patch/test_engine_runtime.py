@@ -198,6 +198,8 @@ def test_vllms_own_update_loop_is_recognised_where_it_counts_drafts() -> None:
 
 
 def test_drafts_reach_the_sink_from_vllms_loop_and_vllm_keeps_its_stats(caplog) -> None:
+    from specctl_vllm.engine_patch.hook import _CODE_BITS
+
     s = Patched()
     rt = s._specctl
     assert "make_spec_decoding_stats" not in s.__dict__  # not a vLLM class: the start-up check left it alone
@@ -206,18 +208,24 @@ def test_drafts_reach_the_sink_from_vllms_loop_and_vllm_keeps_its_stats(caplog) 
     assert s.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=2,
                                       num_invalid_spec_tokens=None, request_id="r1") == "stats"
     assert s.calls == ["stats r1 4 2"]  # no step open: vLLM's call only, nothing kept
-    rt.hook.spec_sink = []  # as observe opens it on an engine-loop step
+    key = 3 << (2 * _CODE_BITS)
+    rt.hook.keys.update(r1=key, r2=key)
+    rt.hook.spec_sink = {}  # as observe opens it on an engine-loop step
     assert s.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=2,
                                       num_invalid_spec_tokens={"r1": 1}, request_id="r1") == "stats"
     assert s.make_spec_decoding_stats(None, 5, 3, None, "r2") == "stats"  # positional: the same numbers
-    assert rt.hook.spec_sink == [("r1", 4, 2), ("r2", 5, 3)]
-    assert s.calls == ["stats r1 4 2", "stats r1 4 2", "stats r2 5 3"]
+    assert s.make_spec_decoding_stats(None, 5, 3, None, "r9") == "stats"  # a request the table lacks
+    assert s.make_spec_decoding_stats(None, 4, 9, None, "r2") == "stats"  # past the drafts: clamped
+    assert rt.hook.spec_sink == {key + (3 << _CODE_BITS) + 2: 1, key + (5 << _CODE_BITS) + 3: 1,
+                                 key + (4 << _CODE_BITS) + 4: 1}
+    assert rt.hook.spec_unkeyed == [("r9", 5, 3)]
+    assert s.calls == ["stats r1 4 2", "stats r1 4 2", "stats r2 5 3", "stats r9 5 3", "stats r2 4 9"]
 
-    class Unappendable:
-        def append(self, item):
+    class Unwritable(dict):
+        def __setitem__(self, key, value):
             raise RuntimeError("broken sink")
 
-    rt.hook.spec_sink = Unappendable()
+    rt.hook.spec_sink = Unwritable()
     with caplog.at_level(logging.ERROR, logger="vllm.specctl.engine"):
         assert s.make_spec_decoding_stats(None, 4, 2, None, "r1") == "stats"  # vLLM's call still made
     assert rt.errors == {"observe": 1} and s.calls[-1] == "stats r1 4 2"
@@ -227,7 +235,7 @@ def test_a_disabled_patch_hands_vllms_loop_nothing() -> None:
     s = Patched()
     rt = s._specctl
     runtime.install_counting_call(s, rt)
-    rt.hook.spec_sink = []
+    rt.hook.spec_sink = {}
     rt.error_limit = 1
     rt.failed("observe")  # the limit: the patch turns itself off
     assert not rt.enabled and rt.hook.spec_sink is None

@@ -428,7 +428,7 @@ def test_the_key_table_resolves_a_request_it_lost_and_stays_bounded() -> None:
             rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=60)
         for n in range(12):
             if forget and n == 6:
-                rig.hook._keys.clear()
+                rig.hook.keys.clear()
             rig.sim.step()
         return step_counts(rig)
 
@@ -443,7 +443,7 @@ def test_the_key_table_resolves_a_request_it_lost_and_stays_bounded() -> None:
         for _ in range(4):
             rig.sim.step()
             live = sum(1 for r in rig.sim.requests.values() if not r.is_finished())
-            most = max(most, len(rig.hook._keys) - live)
+            most = max(most, len(rig.hook.keys) - live)
     assert 0 < most <= KEYS_SLACK + 8
 
 
@@ -468,4 +468,4 @@ def test_a_drafted_request_vllm_no_longer_holds_is_left_out_without_error() -> N
     rig.sim._counting_call = real
     rows = rig.queue.drain(100)
     assert rows[-1].batch_size == 1 and sum(e.requests for e in rows[-1].agg.values()) == 1
-    assert rig.sim.counting_failures == [] and "gone" not in rig.hook._keys
+    assert rig.sim.counting_failures == [] and "gone" not in rig.hook.keys
