@@ -469,3 +469,46 @@ def test_a_drafted_request_vllm_no_longer_holds_is_left_out_without_error() -> N
     rows = rig.queue.drain(100)
     assert rows[-1].batch_size == 1 and sum(e.requests for e in rows[-1].agg.values()) == 1
     assert rig.sim.counting_failures == [] and "gone" not in rig.hook.keys
+
+
+@pytest.mark.parametrize(
+    ("mixes", "computed"),
+    [
+        # a steady mix: computed on the first step, then at least every RULE_REUSE_STEPS steps
+        ([{"json": 100, "prose": 100}] * 8, [0, 4]),
+        # a share that moves by 5 points or more is computed again at once; smaller moves are not
+        ([{"json": 100, "prose": 100}, {"json": 102, "prose": 98}, {"json": 112, "prose": 88}], [0, 2]),
+        # a category that joins the batch is computed at once
+        ([{"json": 100, "prose": 100}, {"json": 100, "prose": 100, "code": 1}], [0, 1]),
+    ],
+)
+def test_the_width_rule_is_reused_only_while_its_inputs_hold(monkeypatch, mixes, computed) -> None:
+    from specctl_vllm.engine_patch import widths as chooser_module
+
+    calls: list[int] = []
+    real = chooser_module.choose_width
+
+    def counting(*args, **kwargs):
+        calls.append(step)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chooser_module, "choose_width", counting)
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    table = rig.holder.current(rig.clock())
+    for step, mix in enumerate(mixes):
+        chooser.choose(mix, table, sum(mix.values()))
+    assert calls == computed
+
+
+def test_a_new_table_recomputes_the_width_at_once() -> None:
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    assert chooser.choose({"json": 200}, rig.holder.current(rig.clock()), 200) > 0
+    dear = protocol.Policy(version=2, issued_at=0.0, ttl_s=60.0, default=CP(k=4),
+                           categories={"json": CP(k=4, expected=HIGH)},
+                           step_cells=cells([23.0, 45.0, 60.0, 95.0, 160.0]))  # every width dear
+    rig.holder.install(dear, rig.clock())
+    assert chooser.choose({"json": 200}, rig.holder.current(rig.clock()), 200) == 0
