@@ -293,3 +293,28 @@ def test_the_spec_carries_the_token_budget_of_graph_shaped_engines(widths, budge
 
     spec = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=bool(widths), graph_widths=widths)
     assert spec.to_protocol(budget).token_budget == want
+
+
+def test_the_counting_call_wraps_vllms_own_method_on_a_real_scheduler_instance() -> None:
+    """On vLLM's own scheduler class the wrapper binds the installed method, passes vLLM's call on position for
+    position (vLLM's SpecDecodingStats count what they would count unwrapped), and tallies the request."""
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from specctl_vllm.engine_patch.hook import _CODE_BITS
+    from specctl_vllm.engine_patch.scheduler import SpecctlScheduler
+
+    scheduler = object.__new__(SpecctlScheduler)  # no engine: only what the stats call reads
+    scheduler.log_stats = True
+    scheduler.num_spec_tokens = 4
+    donor = Patched()
+    runtime.install_counting_call(scheduler, donor._specctl)
+    hook = donor._specctl.hook
+    hook.keys["r1"] = 2 << (2 * _CODE_BITS)
+    hook.spec_sink = {}
+    stats = scheduler.make_spec_decoding_stats(None, num_draft_tokens=4, num_accepted_tokens=3,
+                                               num_invalid_spec_tokens={"r1": 1}, request_id="r1")
+    assert isinstance(stats, SpecDecodingStats)
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 3)
+    assert hook.spec_sink == {(2 << (2 * _CODE_BITS)) + (3 << _CODE_BITS) + 3: 1}
+    assert not any("make_spec_decoding_stats" in vars(cls) for cls in SpecctlScheduler.__mro__
+                   if not cls.__module__.startswith("vllm."))  # the classes keep vLLM's method as it is
