@@ -195,6 +195,10 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False, engine_lo
         # charge other processes' work to the hook.
         hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=perf_ns)
         hook.drafts_from_engine_loop = graph and engine_loop
+        if hook.drafts_from_engine_loop:  # as the runtime prices vLLM's counting calls at start-up
+            from specctl_vllm.engine_patch.hook import counting_call_ns
+
+            hook.spec_call_ns = counting_call_ns()
         scripts: dict[str, list[int]] = {}
         buffer = np.zeros(max(evict_bytes // 8, 1))
 
