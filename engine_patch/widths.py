@@ -15,6 +15,10 @@ project) on:
   the budget and the engine has measured full steps, those price every width instead of the cells (the
   steady-step model, :func:`specctl_vllm.controller.core.model.widths.steady_goodput`).
 
+The rule is computed at least every ``RULE_REUSE_STEPS`` steps and at once when its inputs move (table, batch
+bucket, pricing, a category's share of the batch by ``RULE_REUSE_SHARE``, a due re-blend of the fast curves);
+between two computations a step keeps the last width.
+
 Operator overrides pin: when every category of the step is pinned to a fixed k by an override, the width is the
 largest of those k, rounded down to the width set. Exploration: every ``explore_every``-th step of a bucket
 runs the width whose cell has the fewest measured steps, if that is below ``explore_below``; the share of steps
