@@ -512,3 +512,30 @@ def test_a_new_table_recomputes_the_width_at_once() -> None:
                            step_cells=cells([23.0, 45.0, 60.0, 95.0, 160.0]))  # every width dear
     rig.holder.install(dear, rig.clock())
     assert chooser.choose({"json": 200}, rig.holder.current(rig.clock()), 200) == 0
+
+
+@pytest.mark.parametrize("resolved", [True, False])
+def test_the_batch_pass_pads_and_counts_alike_on_its_fast_and_its_slow_path(resolved: bool) -> None:
+    """Every request resolved under the current table takes the C passes; one that is not (a new table) takes
+    the loop: either way drafts end at exactly the step's width (cut, or padded with vLLM's -1), a request
+    without drafts keeps none, and the mix counts the batch per category."""
+    from specctl_vllm.engine_patch.hook import STATE_ATTR
+
+    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(6):
+        rig.add(f"r{i}", ("json", "prose")[i % 2])
+    widths_seen(rig, 3)
+    running = rig.sim.running
+    if not resolved:
+        getattr(running[0], STATE_ATTR).gen = -5  # as after a new table: this request resolves again
+    width = rig.hook.widths.width
+    assert width >= 2  # json's high acceptance on cheap cells: a width to cut to and to pad to
+    drafts = [[1] * (width + 2), [2] * max(width - 1, 1), [], [3] * width, [4], [5] * (width + 1)]
+    for request, spec in zip(running, drafts):
+        request.spec_token_ids = list(spec)
+    rig.hook.before_schedule(running)
+    for request, spec in zip(running, drafts):
+        want = [] if not spec else (spec + [-1] * width)[:width] if len(spec) < width else spec[:width]
+        assert request.spec_token_ids == want
+    assert rig.hook._next.mix == {"json": 3, "prose": 3}
