@@ -698,7 +698,6 @@ class SpecHook:
             if requests is not None and len(self.keys) > len(requests) + KEYS_SLACK:
                 for rid in [rid for rid in self.keys if rid not in requests]:
                     del self.keys[rid]
-        self.spec_unkeyed.clear()
         scheduled = output.total_num_scheduled_tokens
         draft_tokens = step.output if isinstance(step.output, int) else 0
         now = self.clock()
