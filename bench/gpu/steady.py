@@ -319,11 +319,15 @@ def timed_round(llm, load: SteadyLoad, watch: DispatchWatch, round_s: float,
     return rnd, fresh
 
 
-def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args: argparse.Namespace) -> dict:
+def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args: argparse.Namespace,
+            point_index: int = 0) -> dict:
     t_load = time.perf_counter()
     load.begin(point)
     load.run_for(point.warmup_s)
     warm_s = time.perf_counter() - t_load
+    # the warm-up's own rate: on a specctl engine's first point it is the cold start (a controller with no
+    # evidence) beside a static engine's warm-up over the same load
+    warm_tokens = sum(load.tokens.values())
     rounds, aligned = [], False
     for i in range(args.rounds):
         measured, aligned = timed_round(llm, load, watch, args.round_s, aligned)
@@ -346,6 +350,9 @@ def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args
         "pins": dict(point.pins),
         "workload": load.workload.name,
         "warmup_s": warm_s,
+        "warmup_tokens": warm_tokens,
+        "warmup_tok_per_s": warm_tokens / warm_s if warm_s > 0 else None,
+        "point_index": point_index,
         "round_s": args.round_s,
         "rounds": rounds,
         **summary,
@@ -368,14 +375,14 @@ def run_points(llm, engine: plan.SteadyEngine, points: list[plan.Point], meta: d
     watch = DispatchWatch(os.environ.get(DISPATCH_FILE_ENV))
     if engine.specctl:
         clear_pins(("high", "low"))  # a pinned engine before this one may have left overrides
-    for point in points:
+    for index, point in enumerate(points):
         if time.time() + plan.point_seconds(point, timing) > args.deadline:
             print(f"[{args.name}] {point.label} {point.profile} c={point.concurrency}: not started, deadline", flush=True)
             break
         if point.pins:
             set_pins(point.pins)
         try:
-            row = measure(llm, load, watch, point, args)
+            row = measure(llm, load, watch, point, args, index)
             if engine.specctl:
                 row["controller"] = controller_view(point.categories)
         finally:

@@ -25,6 +25,7 @@ from bench.gpu.steady_plan import (
     PREMISE_KS,
     PREMISE_PROFILE,
     PROFILE_CATEGORIES,
+    SPECCTL_K_MAX,
     STATIC_CHOICES,
     STEADY_PROFILES,
     engines,
@@ -165,6 +166,23 @@ def _premise_cell(rows: dict, profile: str, c: int, k: int) -> str:
     return (f"{a:.2f} / {b:.2f}{ratio}, {shares}" if b else f"{a:.2f} / -, {shares}") + tok_text
 
 
+def cold_start_text(rows: dict) -> str | None:
+    """Each specctl engine's first point of its run (its controller fresh when the run was the session's first
+    sweep), warm-up rate beside the static engine it was started as (K = k_max) over the same point's warm-up."""
+    static = static_name(SPECCTL_K_MAX)
+    lines = []
+    for (name, profile, c), row in sorted(rows.items()):
+        if not name.startswith("specctl") or row.get("point_index") != 0 or not row.get("warmup_tok_per_s"):
+            continue
+        ref = rows.get((static, profile, c), {})
+        ref_rate = ref.get("warmup_tok_per_s")
+        versus = (f"{static} {ref_rate:.0f} over {ref['warmup_s']:.1f} s: {row['warmup_tok_per_s'] / ref_rate:.2f}x"
+                  if ref_rate else f"no {static} warm-up at this point")
+        lines.append(f"- {name} {profile} c={c}: warm-up {row['warmup_tok_per_s']:.0f} tok/s over "
+                     f"{row['warmup_s']:.1f} s; {versus}; timed median {row['tok_per_s_median']:.0f}")
+    return "cold start (first point of each specctl run)\n" + "\n".join(lines) if lines else None
+
+
 def failures_text(failures: dict) -> str:
     return "\n".join(f"{name}: did not start (exit {row.get('rc')}): {row.get('error', '')[:300]}"
                      for name, row in sorted(failures.items()))
@@ -196,6 +214,9 @@ def render(path: Path) -> str:
             if engine_order(rows, profile):
                 parts.append(f"spread per point, {profile}")
                 parts.append(spread_table(rows, profile))
+    cold = cold_start_text(rows)
+    if cold:
+        parts.append(cold)
     if any(name.startswith(PREMISE) for (name, _, _) in rows):
         parts.append("premise: mean target step ms, specctl pinned at K / static-K engine")
         parts.append(premise_table(rows))

@@ -101,3 +101,21 @@ def test_plain_rows_stand_for_every_profile_when_measured_once() -> None:
     assert shared[("plain", "low", 4)]["tok_per_s_median"] == 766.0
     assert shared[("plain", "mixed", 4)]["shared_from"] == "high"
     assert ("plain", "high", 1) not in shared
+
+
+def test_cold_start_compares_each_specctl_run_s_first_warm_up_with_the_k_max_engine_s(tmp_path):
+    from bench.gpu.steady_plan import load_results
+    from bench.gpu.steady_table import cold_start_text
+
+    rows, _ = load_results(results(tmp_path, [
+        row("k7", "high", 1, 520.0, 510.0, 530.0, warmup_tok_per_s=500.0, warmup_s=8.0, point_index=0),
+        row("specctl_skip", "high", 1, 515.0, 505.0, 525.0, warmup_tok_per_s=450.0, warmup_s=10.0, point_index=0),
+        row("specctl_skip", "high", 4, 1800.0, 1700.0, 1900.0, warmup_tok_per_s=1000.0, warmup_s=8.0,
+            point_index=1),
+        row("specctl", "low", 4, 900.0, 880.0, 910.0, warmup_tok_per_s=800.0, warmup_s=10.0, point_index=0),
+    ]))
+    text = cold_start_text(rows)
+    assert "specctl_skip high c=1: warm-up 450 tok/s over 10.0 s; k7 500 over 8.0 s: 0.90x" in text
+    assert "specctl low c=4: warm-up 800 tok/s over 10.0 s; no k7 warm-up at this point" in text
+    assert "c=4: warm-up 1000" not in text  # not a first point: its controller had learned
+    assert cold_start_text({k: v for k, v in rows.items() if k[0] == "k7"}) is None

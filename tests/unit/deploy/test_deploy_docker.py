@@ -186,4 +186,4 @@ def test_distribution_name_and_commands(installed):
 def test_controller_image_caps_malloc_arenas():
     """The measured RSS bound of docs/reliability.md holds with at most 2 glibc arenas (the image's default)."""
     text = (DOCKER / "controller.Dockerfile").read_text()
-    assert re.search(r"^ENV MALLOC_ARENA_MAX=2$", text, re.M)
+    assert re.search(r"^ENV MALLOC_ARENA_MAX=2$", text, re.MULTILINE)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
 import pytest
@@ -91,8 +90,8 @@ def test_full_budget_is_a_429_with_a_reason(db, clock):
 
 @pytest.mark.parametrize(
     "data",
-    ['{"format": "specctl-brain", "version": 1, "models": {"m": {"categories": {"c": {"methods": {"x": '
-     '{"reached": [1e400]}}}}}}}',
+    [('{"format": "specctl-brain", "version": 1, "models": {"m": {"categories": {"c": {"methods": {"x": '
+      '{"reached": [1e400]}}}}}}}'),
      "not json", '{"format": "something-else"}', '[1, 2]'],
     ids=["non-finite", "not-json", "other-format", "wrong-shape"],
 )

@@ -97,7 +97,7 @@ def _closed(s, wait=3.0):
         return s.recv(1) == b""
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
