@@ -9,7 +9,8 @@ middle step of each specctl point's timed rounds (``--min-concurrency`` or more)
 profile from it. Session 8 at low c = 256: the meter had timed K = 1 steps only, read p = 0.4 ms, and the rule
 kept K = 1, where the undecayed fit (p = 9.45 ms) picks K = 0.
 
-    python3 -m bench gpu.meter_replay RESULTS.jsonl STEPS.jsonl.gz [--min-concurrency 256] [--budget 2048]
+    python3 -m bench gpu.meter_replay RESULTS.jsonl STEPS.jsonl.gz [--min-concurrency 256] [--budget 2048] \\
+        [--engine specctl]
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("steps", type=Path)
     p.add_argument("--budget", type=int, default=2048, help="the engine's max_num_batched_tokens")
     p.add_argument("--min-concurrency", type=int, default=256)
+    p.add_argument("--engine", default="specctl", help="the specctl engine whose steps were recorded")
     args = p.parse_args(argv)
     if args.budget <= 0:
         p.error("--budget must be a positive number of tokens")
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             p.error(f"no such file: {path}")
     try:
-        rows, times, steps = load(args.results, args.steps, "specctl")
+        rows, times, steps = load(args.results, args.steps, args.engine)
         readings = replay(rows, times, steps, args.budget, args.min_concurrency)
     except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         p.error(f"not a sweep's results and recorded steps: {type(exc).__name__}: {str(exc)[:200]}")
