@@ -26,8 +26,11 @@ this costs is bounded by ``1 / explore_every``. Only steps that can be measured 
 carries prompt tokens does not enter the cell table (its time is mostly the prompt's), so exploring there
 would cost a step at a worse width and measure nothing. Under a load where every step carries a prompt (the
 H200 at 256 requests with replaced requests) the steady-step model prices the widths, and its meter times
-every step: there every ``explore_every``-th step runs the width the meter timed least while it has fewer than
-``explore_below_steady`` decayed steps, so the fit sees more than the width it runs (same share bound).
+every step: there every ``explore_every``-th step starts a run of :data:`STEADY_EXPLORE_RUN` steps at the width
+the meter timed least while it has fewer than ``explore_below_steady`` decayed steps, so the fit sees more than
+the width it runs (a share of at most ``STEADY_EXPLORE_RUN / explore_every`` of those steps). A run, not one
+step: the meter learns only from a step that ran its predecessor's width (the first step at a new width holds
+the tail of the previous one under async scheduling), so a lone step would cost and measure nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ CURVE_REFRESH_STEPS = 8
 #: requests, and the mix of a full batch moves by a request or two per step).
 RULE_REUSE_STEPS = 4
 RULE_REUSE_SHARE = 0.05
+#: Steps an exploration of the steady regime runs at the width it explores: the first is the switch (its time
+#: holds the previous width's tail and the meter skips it), the second is timed.
+STEADY_EXPLORE_RUN = 2
 
 
 class WidthChooser:
@@ -67,6 +73,7 @@ class WidthChooser:
         self.explore_below = explore_below
         self.explore_below_steady = explore_below_steady
         self._steady_steps = 0
+        self._explore_left = 0  # steps left of the steady regime's current exploration run
         self.width = k_max  # the static config's width until the first policy
         self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
         self._bucket_steps: dict[int, int] = {}
@@ -179,6 +186,9 @@ class WidthChooser:
         prior (on the H200 at 256 requests it kept K = 1 on low, 0.87x plain, where its undecayed fit of the
         same session picks K = 0)."""
         self._steady_steps += 1
+        if self._explore_left > 0:
+            self._explore_left -= 1
+            return True  # the run's next step, at the width it explores (self.width unchanged)
         if not self.explore_every or self._steady_steps % self.explore_every:
             return False
         meter = self.budget
@@ -186,6 +196,7 @@ class WidthChooser:
         if meter.width_steps(least) >= self.explore_below_steady:
             return False
         self.explored += 1
+        self._explore_left = STEADY_EXPLORE_RUN - 1
         self.width = least
         return True
 

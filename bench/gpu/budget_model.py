@@ -81,11 +81,13 @@ class StepCost:
     capacity: float  # C, tokens per second of a full step
     fixed_s: float  # a_0, seconds
     pass_s: float = 0.0  # p, seconds per drafted position
+    draft_s: float = 0.0  # s, seconds a drafting step pays once
     full_steps: int
     steps: int
 
     def budget(self, tokens: int, rho: float) -> TokenBudget:
-        return TokenBudget(tokens=tokens, capacity=self.capacity, rho=rho, fixed_s=self.fixed_s, pass_s=self.pass_s)
+        return TokenBudget(tokens=tokens, capacity=self.capacity, rho=rho, fixed_s=self.fixed_s, pass_s=self.pass_s,
+                           draft_s=self.draft_s)
 
 
 def binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
@@ -116,8 +118,9 @@ def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN
     n = int(meter.timed_steps)
     if not full_steps:
         return StepCost(capacity=0.0, fixed_s=0.0, full_steps=0, steps=n)
-    fixed_s, pass_s = meter.fixed_costs(full_s)
-    return StepCost(capacity=budget / full_s, fixed_s=fixed_s, pass_s=pass_s, full_steps=int(full_steps), steps=n)
+    fixed_s, draft_s, pass_s = meter.fixed_costs(full_s)
+    return StepCost(capacity=budget / full_s, fixed_s=fixed_s, pass_s=pass_s, draft_s=draft_s,
+                    full_steps=int(full_steps), steps=n)
 
 
 def predictions(rows: Iterable[dict], cost: StepCost, rho: float, budget: int) -> list[Prediction]:
@@ -159,7 +162,7 @@ MARGIN_STEPS = 200.0
 def rule_picks(cost: StepCost, rho: float, budget: int, concurrency: int = 256) -> list[str]:
     """Per profile: every width's modelled goodput and the width the rule picks with its margin over K = 0."""
     model = TokenBudget(tokens=budget, capacity=cost.capacity, rho=rho, fixed_s=cost.fixed_s, pass_s=cost.pass_s,
-                        steps=MARGIN_STEPS)
+                        draft_s=cost.draft_s, steps=MARGIN_STEPS)
     out = []
     for profile in PROFILE_CATEGORIES:
         mix, curves = profile_step(profile, concurrency)
@@ -173,8 +176,8 @@ def rule_picks(cost: StepCost, rho: float, budget: int, concurrency: int = 256) 
 
 def render(preds: list[Prediction], cost: StepCost, rho: float, budget: int) -> str:
     head = (f"budget {budget} tokens, full-step capacity C = {cost.capacity:.0f} tokens/s (mean of "
-            f"{cost.full_steps} full steps), fixed step cost a_K = {cost.fixed_s * 1e3:.1f} + "
-            f"{cost.pass_s * 1e3:.2f} K ms (each width's line through the full step, over {cost.steps} steps), "
+            f"{cost.full_steps} full steps), fixed step cost a_0 = {cost.fixed_s * 1e3:.1f} ms, a_K = a_0 + "
+            f"{cost.draft_s * 1e3:.1f} + {cost.pass_s * 1e3:.2f} K ms for K >= 1 (each width's line through the full step, over {cost.steps} steps), "
             f"rho = {rho:.2f} prompt tokens per output token")
     lines = [head, "", "| engine | profile | c | fills the budget | predicted tok/s | measured | measured / predicted |",
              "|---|---|---|---|---|---|---|"]

@@ -33,6 +33,7 @@ class Reading:
     measured: float  # tok/s of the point
     fixed_ms: float  # a_0
     pass_ms: float  # p
+    draft_ms: float  # s
     capacity: float  # C
     rho: float
     width_steps: dict[int, float]  # decayed timed steps per width
@@ -68,19 +69,20 @@ def replay(rows: list[dict], times: list[float], steps: list[dict], budget: int,
                               budget=reading).width
         out.append(Reading(profile=row["profile"], concurrency=c, measured=float(row["tok_per_s_median"]),
                            fixed_ms=reading.fixed_s * 1e3, pass_ms=reading.pass_s * 1e3,
+                           draft_ms=reading.draft_s * 1e3,
                            capacity=reading.capacity, rho=reading.rho,
                            width_steps={k: meter.width_steps(k) for k in WIDTHS}, values=values, picked=picked))
     return out
 
 
 def render(readings: list[Reading]) -> str:
-    head = ("| profile | c | tok/s | a_0 (ms) | p (ms) | C (tok/s) | rho | decayed steps per width | "
+    head = ("| profile | c | tok/s | a_0 (ms) | s (ms) | p (ms) | C (tok/s) | rho | decayed steps per width | "
             "rule's values | rule |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in readings:
         widths = " ".join(f"K{k} {n:.0f}" for k, n in r.width_steps.items())
         values = " ".join(f"K{k} {v:.0f}" for k, v in r.values.items())
-        lines.append(f"| {r.profile} | {r.concurrency} | {r.measured:.0f} | {r.fixed_ms:.1f} | {r.pass_ms:.2f} | "
+        lines.append(f"| {r.profile} | {r.concurrency} | {r.measured:.0f} | {r.fixed_ms:.1f} | {r.draft_ms:.1f} | {r.pass_ms:.2f} | "
                      f"{r.capacity:.0f} | {r.rho:.2f} | {widths} | {values} | K{r.picked} |")
     return "\n".join(lines)
 

@@ -28,7 +28,8 @@ MIN_FULL_STEP_S = 1e-6
 class BudgetMeter:
     """What the engine measured about its step token budget and its step cost: the mean time of the last few
     hundred steps that filled it, each width's line ``a_K + b_K * tokens`` through that full step fitted to every step's
-    time (``a_K = a_0 + p K``), and the decayed prompt tokens per committed token. No I/O; O(1) per step.
+    time (``a_K = a_0 + s + p K`` for K >= 1) over the steps that ran the width of the step before them, and the
+    decayed prompt tokens per committed token. No I/O; O(1) per step.
     ``decay`` per step (1: none, for a benchmark that fits a whole recording)."""
 
     def __init__(self, tokens: int, decay: float = BUDGET_DECAY) -> None:
@@ -37,19 +38,21 @@ class BudgetMeter:
         self._full = [0.0, 0.0]  # seconds, steps
         self._prompt = [0.0, 0.0]  # prompt tokens, committed tokens
         # LineSums' fields in order, then the steps behind them
-        self._line = [0.0] * 8
+        self._line = [0.0] * (len(LINE_FIELDS) + 1)
         self._widths: dict[int, float] = {}  # width -> decayed timed steps at it
+        self._last_width: int | None = None  # the width of the step observed last
 
     def observe(self, scheduled: int, prompt: int, committed: int, interval_s: float | None,
                 width: int = 0) -> None:
         full, ratio, line, decay = self._full, self._prompt, self._line, self.decay
         ratio[0] = ratio[0] * decay + max(prompt, 0)
         ratio[1] = ratio[1] * decay + max(committed, 0)
-        for i in range(8):
+        for i in range(len(line)):
             line[i] *= decay
         widths = self._widths
         for w in widths:
             widths[w] *= decay
+        previous, self._last_width = self._last_width, width
         if interval_s is None or interval_s <= 0:
             return
         if scheduled >= FULL_SHARE * self.tokens:
@@ -57,6 +60,11 @@ class BudgetMeter:
             # seldom fills the budget (K = 0 at 256 requests) must not forget it while it runs
             full[0] = full[0] * decay + interval_s
             full[1] = full[1] * decay + 1.0
+        if previous is not None and width != previous:
+            # the first step at a new width: under async scheduling its interval holds the tail of the
+            # previous width's step (on the H200 at 256 requests a K = 0 step after a drafting step took 40 ms,
+            # after a K = 0 step 23 ms, session 9), so it prices neither width
+            return
         u = float(max(self.tokens - scheduled, 0)) / self.tokens
         k = float(max(width, 0))
         key = min(int(k), MAX_K)  # a width past any engine's set is one key: the dict stays small
@@ -69,7 +77,11 @@ class BudgetMeter:
         line[4] += k * u
         line[5] += u * interval_s
         line[6] += k * u * interval_s
-        line[7] += 1.0
+        if key > 0:
+            line[7] += uu
+            line[8] += u
+            line[9] += u * interval_s
+        line[10] += 1.0
 
     def current(self) -> TokenBudget | None:
         seconds, steps = self._full
@@ -78,14 +90,15 @@ class BudgetMeter:
         full_s = seconds / steps
         if full_s < MIN_FULL_STEP_S:
             return None  # no step of a real engine is this fast: a clock artefact, not a budget
-        fixed_s, pass_s = self.fixed_costs(full_s)
+        fixed_s, draft_s, pass_s = self.fixed_costs(full_s)
         return TokenBudget(tokens=self.tokens, capacity=self.tokens / full_s,
                            rho=self._prompt[0] / self._prompt[1], fixed_s=fixed_s, pass_s=pass_s,
-                           steps=self.timed_steps)
+                           draft_s=draft_s, steps=self.timed_steps)
 
-    def fixed_costs(self, full_s: float) -> tuple[float, float]:
-        """(a_0, p) of the steps fed so far, for a full step of ``full_s`` seconds (:func:`fixed_step_costs`)."""
-        return fixed_step_costs(full_s, LineSums(**dict(zip(LINE_FIELDS, self._line[:7], strict=True))))
+    def fixed_costs(self, full_s: float) -> tuple[float, float, float]:
+        """(a_0, s, p) of the steps fed so far, for a full step of ``full_s`` seconds (:func:`fixed_step_costs`)."""
+        fields = dict(zip(LINE_FIELDS, self._line[:len(LINE_FIELDS)], strict=True))
+        return fixed_step_costs(full_s, LineSums(**fields))
 
     @property
     def full_step(self) -> tuple[float, float]:
@@ -96,7 +109,7 @@ class BudgetMeter:
     @property
     def timed_steps(self) -> float:
         """Decayed timed steps behind the line."""
-        return self._line[7]
+        return self._line[len(LINE_FIELDS)]
 
     def width_steps(self, width: int) -> float:
         """Decayed timed steps at ``width``: where all of them ran one width, the fit knows only that width's
@@ -105,7 +118,7 @@ class BudgetMeter:
 
 
 #: The order of :class:`LineSums`' fields in the meter's running sums.
-LINE_FIELDS = ("uu", "ku", "kk", "u", "k", "us", "ks")
+LINE_FIELDS = ("uu", "ku", "kk", "u", "k", "us", "ks", "duu", "du", "dus")
 
 
 def verified_width(draft_tokens: int, batch: int) -> int:

@@ -18,13 +18,14 @@ tokens and brings ``rho E(K)`` prompt tokens (every finished request is replaced
     value(K) = n' E(K) / (a_K + b_K n' ((1 + K) + rho E(K)))
 
 each width's line through the measured full step (``a_K + b_K B = B / C``, ``C`` the tokens per second of a
-full step, the same whatever its width), with a fixed cost that grows with the drafter's passes,
-``a_K = a_0 + p K``. Where a width fills the budget this is ``C / ((1 + K) / E(K) + rho)``: the width only
+full step, the same whatever its width), with a fixed cost that jumps once a step drafts at all and grows with
+the drafter's passes, ``a_K = a_0 + s + p K`` for K >= 1. Where a width fills the budget this is ``C / ((1 + K) / E(K) + rho)``: the width only
 decides how a full step's tokens are split. Where it does not, ``a_K`` is what the width spreads over its
 committed tokens, and a narrow width pays less of it. On the H200 at 256 requests a step below the budget
 costs close to its width's fixed part (K = 0: 25-30 ms at 512-1023 tokens, K = 2: 37-48 ms, a full step
 54-57 ms), so one ``a`` for every width priced K = 0 as a drafting step (session 7; ``python -m bench
-gpu.budget_model`` checks the model against every static engine measured).
+gpu.budget_model`` checks the model against every static engine measured), and so did a line ``a_0 + p K``
+(session 9: K = 0 about 6 ms, K = 1 and 2 13-21 ms; the jump ``s`` is the drafter's first pass).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class TokenBudget:
     capacity: float  # C: tokens per second of a step that filled the budget
     rho: float  # prompt tokens scheduled per committed token (every finished request brings a prompt)
     fixed_s: float = 0.0  # a_0: seconds of a K = 0 step that do not grow with its tokens (0: each costs 1 / C)
-    pass_s: float = 0.0  # p: seconds the fixed part grows by per drafted position (a_K = a_0 + p K)
+    pass_s: float = 0.0  # p: seconds the fixed part grows by per drafted position
+    draft_s: float = 0.0  # s: seconds a step at K >= 1 pays once for drafting at all (a_K = a_0 + s + p K)
     steps: float = math.inf  # decayed steps behind the fit (the margin's evidence)
 
     @property
@@ -86,7 +88,8 @@ class TokenBudget:
 
     def fixed_for(self, k: int) -> float:
         """a_K, held to [0, B / C]: a step never costs more than a full one."""
-        return min(max(self.fixed_s + self.pass_s * k, 0.0), self.full_s)
+        drafting = self.draft_s + self.pass_s * k if k > 0 else 0.0
+        return min(max(self.fixed_s + drafting, 0.0), self.full_s)
 
     def per_token_for(self, k: int) -> float:
         """b_K: seconds per scheduled token of a step at width ``k``, its line through the full step."""
@@ -101,10 +104,11 @@ def steady_regime(batch: int, widest: int, budget: TokenBudget) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class LineSums:
-    """Sums over timed steps that fit ``a_0`` and ``p``: with ``u = (B - tokens) / B`` and K the step's width,
-    ``seconds - full_s (1 - u) = a_0 u + p K u`` (each width's line through the full step). ``uu`` = sum u^2,
-    ``ku`` = sum K u^2, ``kk`` = sum K^2 u^2, ``u`` = sum u, ``k`` = sum K u, ``us`` = sum u seconds,
-    ``ks`` = sum K u seconds."""
+    """Sums over timed steps that fit ``a_0``, ``s`` and ``p``: with ``u = (B - tokens) / B``, K the step's width
+    and ``d`` 1 for a step that drafted (K >= 1), ``seconds - full_s (1 - u) = a_0 u + s d u + p K u`` (each
+    width's line through the full step). ``uu`` = sum u^2, ``ku`` = sum K u^2, ``kk`` = sum K^2 u^2, ``u`` =
+    sum u, ``k`` = sum K u, ``us`` = sum u seconds, ``ks`` = sum K u seconds; ``duu``, ``du``, ``dus`` the
+    sums of u^2, u and u seconds over the steps that drafted."""
 
     uu: float = 0.0
     ku: float = 0.0
@@ -113,6 +117,9 @@ class LineSums:
     k: float = 0.0
     us: float = 0.0
     ks: float = 0.0
+    duu: float = 0.0
+    du: float = 0.0
+    dus: float = 0.0
 
 
 #: Seconds per drafted position the fit leans towards where the steps say little about it (every step at one
@@ -121,28 +128,92 @@ PRIOR_PASS_S = 3e-3
 #: Weight of that prior in the least squares, in units of (K u)^2: as much as one step at K = 2 half the budget
 #: below a full one. Where every step ran one width it alone decides p; a few steps at a second width outweigh it.
 PRIOR_PASS_WEIGHT = 1.0
+#: Weight, in units of u^2, of the prior s = 0 (drafting costs its passes only). It only makes the fit
+#: well-posed: one K = 0 step a third of the budget below a full one (u^2 ~ 0.4) outweighs it eightfold. On
+#: the H200 at 256 requests a step below the budget cost a_0 ~ 6 ms at K = 0 and 13-21 ms at K = 1 and 2
+#: (session 9): a jump at K = 1 (the drafter's first pass over every scheduled token), then little per pass;
+#: a line a_0 + p K through those steps priced K = 0 as a drafting step (low at 256: 0.89x plain).
+PRIOR_DRAFT_WEIGHT = 0.05
 
 
 def fixed_step_costs(full_s: float, sums: LineSums, prior_pass_s: float = PRIOR_PASS_S,
-                     prior_weight: float = PRIOR_PASS_WEIGHT) -> tuple[float, float]:
-    """(a_0, p) of the least-squares fit of :class:`LineSums`, ``p`` shrunk towards ``prior_pass_s``, both held
-    to 0 or more (a_K <= full_s is held where it is read, :meth:`TokenBudget.fixed_for`). Where no step was
-    below the budget there is nothing to fit: (0, 0), every token costs 1 / C."""
+                     prior_weight: float = PRIOR_PASS_WEIGHT,
+                     draft_weight: float = PRIOR_DRAFT_WEIGHT) -> tuple[float, float, float]:
+    """(a_0, s, p) of the least-squares fit of :class:`LineSums`, ``p`` shrunk towards ``prior_pass_s`` and
+    ``s`` towards 0, each held to 0 or more (a_K <= full_s is held where it is read,
+    :meth:`TokenBudget.fixed_for`). Where no step was below the budget there is nothing to fit: (0, 0, 0),
+    every token costs 1 / C."""
     if sums.uu <= 0 or full_s <= 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     uy = sums.us - full_s * (sums.u - sums.uu)
+    dy = sums.dus - full_s * (sums.du - sums.duu)
     ky = sums.ks - full_s * (sums.k - sums.ku)
-    kk = sums.kk + prior_weight
-    ky_prior = ky + prior_weight * prior_pass_s
-    det = sums.uu * kk - sums.ku * sums.ku
-    a0 = (uy * kk - sums.ku * ky_prior) / det if det > 0 else uy / sums.uu
-    p = (sums.uu * ky_prior - sums.ku * uy) / det if det > 0 else 0.0
-    if a0 < 0:  # the drafter's passes explain more than the whole fixed part: none of it is K = 0's
-        a0, p = 0.0, ky_prior / kk
-    if p < 0:  # a wider step never costs less below the budget
-        a0, p = uy / sums.uu, 0.0
-    a0, p = max(a0, 0.0), max(p, 0.0)
-    return (a0, p) if math.isfinite(a0) and math.isfinite(p) else (0.0, 0.0)
+    # normal equations of (a_0, s, p) with the two priors; d K = K, so sum d K u^2 is ku
+    matrix = ((sums.uu, sums.duu, sums.ku),
+              (sums.duu, sums.duu + draft_weight, sums.ku),
+              (sums.ku, sums.ku, sums.kk + prior_weight))
+    rhs = (uy, dy, ky + prior_weight * prior_pass_s)
+    fit = nonnegative_solve(matrix, rhs)
+    return fit if all(map(math.isfinite, fit)) else (0.0, 0.0, 0.0)
+
+
+def nonnegative_solve(matrix: Sequence[Sequence[float]], rhs: Sequence[float]) -> tuple[float, ...]:
+    """x >= 0 minimising x'Mx - 2 r'x for a symmetric positive semi-definite M of at most 3 x 3: the unconstrained
+    solution where it is nonnegative (the usual case: one solve), else the best of the solutions with some
+    components held at 0. Pure Python: it runs in the engine's step loop."""
+    n = len(rhs)
+    full = _solve_on(matrix, rhs, tuple(range(n)))
+    if full is not None and min(full) >= 0:
+        return full
+    best, best_value = (0.0,) * n, 0.0
+    for free in _FREE_SETS.get(n) or _free_sets(n):
+        if len(free) == n:
+            continue
+        x = _solve_on(matrix, rhs, free)
+        if x is None or min(x) < 0:
+            continue
+        value = sum(x[i] * matrix[i][j] * x[j] for i in free for j in free) - 2 * sum(rhs[i] * x[i] for i in free)
+        if value < best_value:
+            best, best_value = x, value
+    return best
+
+
+def _free_sets(n: int) -> list[tuple[int, ...]]:
+    """Index sets of the components left free, largest first."""
+    return sorted((tuple(i for i in range(n) if mask >> i & 1) for mask in range(1, 1 << n)), key=len,
+                  reverse=True)
+
+
+_FREE_SETS = {n: _free_sets(n) for n in (1, 2, 3)}
+
+
+def _solve_on(matrix: Sequence[Sequence[float]], rhs: Sequence[float], free: Sequence[int]) -> tuple[float, ...] | None:
+    """M x = r over the ``free`` components (the others 0; at most 3) by Cramer's rule; None where singular."""
+    out = [0.0] * len(rhs)
+    if len(free) == 1:
+        (i,) = free
+        if abs(matrix[i][i]) < 1e-12:
+            return None
+        out[i] = rhs[i] / matrix[i][i]
+        return tuple(out)
+    if len(free) == 2:
+        i, j = free
+        det = matrix[i][i] * matrix[j][j] - matrix[i][j] * matrix[j][i]
+        if abs(det) < 1e-12:
+            return None
+        out[i] = (rhs[i] * matrix[j][j] - matrix[i][j] * rhs[j]) / det
+        out[j] = (matrix[i][i] * rhs[j] - rhs[i] * matrix[j][i]) / det
+        return tuple(out)
+    i, j, k = free
+    (a, b, c), (d, e, f), (g, h, m) = ((matrix[r][i], matrix[r][j], matrix[r][k]) for r in (i, j, k))
+    r0, r1, r2 = rhs[i], rhs[j], rhs[k]
+    det = a * (e * m - f * h) - b * (d * m - f * g) + c * (d * h - e * g)
+    if abs(det) < 1e-12:
+        return None
+    out[i] = (r0 * (e * m - f * h) - b * (r1 * m - f * r2) + c * (r1 * h - e * r2)) / det
+    out[j] = (a * (r1 * m - f * r2) - r0 * (d * m - f * g) + c * (d * r2 - r1 * g)) / det
+    out[k] = (a * (e * r2 - r1 * h) - b * (d * r2 - r1 * g) + r0 * (d * h - e * g)) / det
+    return tuple(out)
 
 
 def budget_binds(mix: Mapping[str, float], curves: Mapping[str, Sequence[float]], k: int, budget: TokenBudget,

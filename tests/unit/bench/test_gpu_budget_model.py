@@ -70,7 +70,7 @@ def test_cli_prints_predicted_against_measured_where_the_engine_uses_the_model(t
         fh.write(json.dumps({"steps": [{"scheduled_tokens": 2048, "interval_s": 0.0567, "batch_size": 220}]}) + "\n")
     assert bm.main([str(results), "--steps", str(steps)]) == 0
     out = capsys.readouterr().out
-    assert "C = 36120 tokens/s" in out and "a_K = 0.0 + 0.00 K ms" in out
+    assert "C = 36120 tokens/s" in out and "a_0 = 0.0 ms, a_K = a_0 + 0.0 + 0.00 K ms for K >= 1" in out
     assert "| k4 | high | 256 | yes | 10788 | 10951 | 1.02 |" in out
     assert "| k2 | mixed | 256 | no |" in out  # the engine prices it with the model though it does not fill
     assert "c = 64" not in out and "| 64 |" not in out  # 64 requests: no width fills the budget

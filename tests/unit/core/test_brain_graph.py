@@ -121,9 +121,10 @@ BUDGET_SPEC = GRAPH_SPEC.model_copy(update={"token_budget": 2048})
 def budget_bound_steps(n: int = 226) -> list:
     """Steps of a budget-bound load: every one carries prompts, some fill the 2048 tokens; their time is on
     their width's line through the full step, a_K = 10 + 2.15 K ms (session 5's H200 fit at 256 requests).
-    Mostly K = 2, one K = 0 step in four, so the fit sees two widths."""
+    Mostly K = 2, a run of two K = 0 steps in five (the first of a run is a switch, not fitted), so the fit
+    sees two widths."""
     out = []
-    for tokens, width in ((2048, 2), (1400, 2), (2048, 2), (1700, 0)):
+    for tokens, width in ((2048, 2), (1400, 2), (2048, 2), (1700, 0), (1500, 0)):
         s = step([cat_step("json", n, JSON, k=width)], depth=width)
         fixed = 0.010 + 0.00215 * width
         out.append(s.model_copy(update={"width": width, "scheduled_tokens": tokens,

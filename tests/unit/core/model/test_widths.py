@@ -15,6 +15,7 @@ from specctl_vllm.controller.core.model.widths import (
     fixed_step_costs,
     geometric_lengths,
     margin,
+    nonnegative_solve,
     plan_widths,
     steady_regime,
 )
@@ -127,38 +128,73 @@ def test_steady_goodput_is_the_budget_split_where_a_width_fills_it() -> None:
 
 def line_sums(points) -> LineSums:
     """The sums of fixed_step_costs over (tokens, width, seconds) steps under a 2048-token budget."""
-    out = dict.fromkeys(("uu", "ku", "kk", "u", "k", "us", "ks"), 0.0)
+    out = dict.fromkeys(("uu", "ku", "kk", "u", "k", "us", "ks", "duu", "du", "dus"), 0.0)
     for tokens, k, seconds in points:
         u = (2048 - tokens) / 2048
+        d = 1.0 if k > 0 else 0.0
         for name, value in (("uu", u * u), ("ku", k * u * u), ("kk", k * k * u * u), ("u", u), ("k", k * u),
-                            ("us", u * seconds), ("ks", k * u * seconds)):
+                            ("us", u * seconds), ("ks", k * u * seconds), ("duu", d * u * u), ("du", d * u),
+                            ("dus", d * u * seconds)):
             out[name] += value
     return LineSums(**out)
 
 
-def on_width_line(tokens: int, k: int, a0: float = 0.012, p: float = 0.005, full_s: float = 0.056) -> float:
-    a = a0 + p * k
+def on_width_line(tokens: int, k: int, a0: float = 0.012, p: float = 0.005, full_s: float = 0.056,
+                  s: float = 0.0) -> float:
+    a = a0 + (s + p * k if k else 0.0)
     return a + (full_s - a) * tokens / 2048
 
 
 @pytest.mark.parametrize(
-    ("points", "want_a0_ms", "want_p_ms"),
+    ("points", "want_a0_ms", "want_s_ms", "want_p_ms"),
     [
-        # steps on the lines of K = 0 and K = 2 (a_0 12 ms, 5 ms per drafted position): the fit recovers both
-        # (the prior on p weighs little against 40 steps)
-        ([(t, k, on_width_line(t, k)) for t in (512, 768, 1024, 1280) for k in (0, 2) for _ in range(5)], 12.0, 5.0),
-        # every step at one width (K = 2 at a_2 = 22 ms): p is the prior, a_0 what is left of a_2
-        ([(t, 2, on_width_line(t, 2, a0=0.016, p=0.003)) for t in (768, 1024, 1280)], 16.0, 3.0),
+        # steps on the lines of K = 0, 1, 2 and 4 (a_0 12 ms, 5 ms per drafted position, no jump): the fit
+        # recovers each (the priors weigh little against 80 steps)
+        ([(t, k, on_width_line(t, k)) for t in (512, 768, 1024, 1280) for k in (0, 1, 2, 4) for _ in range(5)],
+         12.0, 0.0, 5.0),
+        # the H200 at 256 requests (session 9): a_0 6 ms, a jump of 12 ms once a step drafts, 1 ms a pass
+        ([(t, k, on_width_line(t, k, a0=0.006, p=0.001, s=0.012)) for t in (512, 768, 1024, 1280)
+          for k in (0, 1, 2, 4) for _ in range(5)], 6.0, 12.0, 1.0),
+        # every step at one width (K = 2 at a_2 = 22 ms): p is the prior, no jump, a_0 what is left of a_2
+        ([(t, 2, on_width_line(t, 2, a0=0.016, p=0.003)) for t in (768, 1024, 1280)], 16.0, 0.0, 3.0),
         # nothing but full steps: nothing to fit
-        ([(2048, 2, 0.056)] * 5, 0.0, 0.0),
+        ([(2048, 2, 0.056)] * 5, 0.0, 0.0, 0.0),
         # steps cheaper than tokens / C: no fixed part at all (a_0 held at 0), p what the prior leaves
-        ([(1024, 0, 0.010), (1024, 0, 0.012)], 0.0, 3.0),
+        ([(1024, 0, 0.010), (1024, 0, 0.012)], 0.0, 0.0, 3.0),
     ],
 )
-def test_each_width_s_fixed_step_cost_is_fitted_through_the_full_step(points, want_a0_ms, want_p_ms) -> None:
-    a0, p = fixed_step_costs(0.056, line_sums(points))
+def test_each_width_s_fixed_step_cost_is_fitted_through_the_full_step(points, want_a0_ms, want_s_ms,
+                                                                      want_p_ms) -> None:
+    a0, s, p = fixed_step_costs(0.056, line_sums(points))
     assert a0 * 1e3 == pytest.approx(want_a0_ms, abs=0.3)
+    # the prior on p (3 ms) pulls p up and s down a little against 80 steps
+    assert s * 1e3 == pytest.approx(want_s_ms, abs=0.5)
     assert p * 1e3 == pytest.approx(want_p_ms, abs=0.3)
+
+
+def test_the_jump_at_the_first_drafted_position_prices_k_0_below_every_drafting_width() -> None:
+    """Session 9 at 256 requests on low: a line a_0 + p K through steps of K = 0 at 6 ms and K = 1, 2 at
+    18 ms priced K = 0 as a drafting step; with the jump the rule picks K = 0 there and keeps K = 2 on high."""
+    points = [(t, k, on_width_line(t, k, a0=0.006, p=0.0005, s=0.012, full_s=0.0537))
+              for t in (760, 1010, 1270) for k in (0, 1, 2) for _ in range(10)]
+    a0, s, p = fixed_step_costs(0.0537, line_sums(points))
+    budget = TokenBudget(tokens=2048, capacity=2048 / 0.0537, rho=2.04, fixed_s=a0, draft_s=s, pass_s=p,
+                         steps=200.0)
+    low = {"prose": 251}
+    assert choose_width(low, {"prose": geometric_lengths(0.45, 7)}, WIDTHS, [1.0] * 5, [200.0] * 5,
+                        budget=budget).width == 0
+    assert choose_width(low, {"prose": geometric_lengths(0.85, 7)}, WIDTHS, [1.0] * 5, [200.0] * 5,
+                        budget=budget).width == 2
+
+
+@pytest.mark.parametrize(("matrix", "rhs", "want"), [
+    (((2.0, 0.0), (0.0, 1.0)), (2.0, 3.0), (1.0, 3.0)),  # unconstrained solution nonnegative: itself
+    (((1.0, 0.9), (0.9, 1.0)), (1.0, -0.5), (1.0, 0.0)),  # the second component held at 0, the first refitted
+    (((1.0, 0.0), (0.0, 1.0)), (-1.0, -2.0), (0.0, 0.0)),  # both negative: nothing
+    (((0.0, 0.0), (0.0, 0.0)), (1.0, 1.0), (0.0, 0.0)),  # singular everywhere: nothing
+])
+def test_nonnegative_solve_holds_each_component_to_zero_or_more(matrix, rhs, want) -> None:
+    assert nonnegative_solve(matrix, rhs) == pytest.approx(want)
 
 
 def test_a_step_never_costs_more_than_a_full_one_whatever_its_width() -> None:
