@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 11 of the `spread` sweep (planned, not run yet). Session 10 (one machine) left low at c = 256 at 0.82x
+# plain (K = 2: the meter had timed K = 0 only on switch steps), mixed at c = 16 at 0.89x K = 7, and no oracle.
+# Since then the meter skips the first step at a new width, explores in runs of two and fits a jump at the
+# first drafted position (docs/policy.md, *Measured in session 10*). Aim, each beside its same-machine references:
+#   specctl_skip and specctl (the drafter's catch-up at K = 0) at c = 64 and 256 on every profile: does the
+#     rule reach K = 0 on low at 256, and what does a K = 0 step past a switch cost in each;
+#   plain at c = 64 and 256; K = 2 on high and mixed at 256;
+#   the oracle (seeded from sessions 4-10's static rows) at every c; then K = 7 on mixed at c = 16.
+set -uo pipefail
+# shellcheck source=prelude.sh
+source "$(dirname "$0")/prelude.sh"
+RESULTS="$OUTDIR/h200_steady_spread_s11.jsonl"
+ORACLE="$OUTDIR/h200_steady_spread_oracle_s11.jsonl"
+[[ -f "$ORACLE" ]] || python3 -m bench gpu.seed_static "$ORACLE" "$R/h200_steady_spread_2026-12-03_s10.jsonl" \
+    "$R/h200_steady_spread_2026-12-03_s9.jsonl" "$R/h200_steady_spread_2026-12-02_s8.jsonl" \
+    "$R/h200_steady_spread_2026-12-02_s7.jsonl" "$R/h200_steady_spread_2026-12-02_s6.jsonl" \
+    "$R/h200_steady_spread_2026-12-01_s5.jsonl" "$R/h200_steady_spread_k1_2026-12-01_s5.jsonl" \
+    "$R/h200_steady_spread_2026-12-01_s4.jsonl"
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl_skip --concurrency 64,256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only plain --profiles low --concurrency 64,256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl --concurrency 64,256
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k2 --profiles high,mixed --concurrency 256
+sweep --results "$ORACLE" --mirror "$OUTDIR/mirror_oracle" --only oracle
+sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only k7 --profiles mixed --concurrency 16
+session_done
