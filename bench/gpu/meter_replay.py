@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"no such file: {path}")
     try:
         rows, times, steps = load(args.results, args.steps, args.engine)
+        if not rows:
+            p.error(f"{args.results}: no {args.engine} rows")
         readings = replay(rows, times, steps, args.budget, args.min_concurrency)
     except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         p.error(f"not a sweep's results and recorded steps: {type(exc).__name__}: {str(exc)[:200]}")

@@ -166,7 +166,7 @@ def nonnegative_solve(matrix: Sequence[Sequence[float]], rhs: Sequence[float]) -
     if full is not None and min(full) >= 0:
         return full
     best, best_value = (0.0,) * n, 0.0
-    for free in _FREE_SETS.get(n) or _free_sets(n):
+    for free in _FREE_SETS[n]:
         if len(free) == n:
             continue
         x = _solve_on(matrix, rhs, free)

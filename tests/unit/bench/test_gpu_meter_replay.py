@@ -92,3 +92,11 @@ def test_the_command_checks_its_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         mr.main([str(results), str(steps), "--min-concurrency", "1"])
     assert err.value.code == 2
+
+
+def test_an_engine_without_rows_is_a_usage_error(tmp_path, capsys):
+    results, steps_gz = write(tmp_path, [1] * 60)
+    with pytest.raises(SystemExit) as exc:
+        mr.main([str(results), str(steps_gz), "--engine", "specctl_skip"])
+    assert exc.value.code == 2
+    assert "no specctl_skip rows" in capsys.readouterr().err
