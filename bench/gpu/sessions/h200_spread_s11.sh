@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 11 of the `spread` sweep. Session 10 (one machine) left low at c = 256 at 0.82x plain (K = 2: the meter
+# Session 11 of the `spread` sweep (ran 2026-12-03: every engine up to K = 2; the machine went back before the
+# oracle and the catch-up engine, bench/gpu/README.md *session 11*). Session 10 (one machine) left low at c = 256 at 0.82x plain (K = 2: the meter
 # had timed K = 0 only on switch steps), mixed at c = 16 at 0.89x K = 7, and no oracle. Since then the meter skips
 # the first step at a new width, explores in runs of two and fits a jump at the first drafted position
 # (docs/policy.md, *Measured in session 10*). c = 1 and 4 met their targets in session 10 and the meter's change
