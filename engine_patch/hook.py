@@ -709,9 +709,11 @@ class SpecHook:
         if self.widths is not None:
             if step.agg:
                 self.widths.observe(step.agg)
-            if self.widths.budget is not None and scheduled > 0:
-                self.widths.budget.observe(scheduled, prefill, committed_tokens(step.agg), interval,
-                                           verified_width(draft_tokens, batch))
+            if scheduled > 0:
+                committed, verified = committed_tokens(step.agg), verified_width(draft_tokens, batch)
+                self.widths.measured.observe(batch, verified, committed, interval)
+                if self.widths.budget is not None:
+                    self.widths.budget.observe(scheduled, prefill, committed, interval, verified)
         if scheduled > 0:
             self.queue.push(StepRow(
                 t=self.clock(),

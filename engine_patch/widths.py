@@ -31,6 +31,13 @@ the meter timed least while it has fewer than ``explore_below_steady`` decayed s
 the width it runs (a share of at most ``STEADY_EXPLORE_RUN / explore_every`` of those steps). A run, not one
 step: the meter learns only from a step that ran its predecessor's width (the first step at a new width holds
 the tail of the previous one under async scheduling), so a lone step would cost and measure nothing.
+
+The measured check (:mod:`specctl_vllm.controller.core.model.measured`): whatever the model picks, a drafting
+width runs only while what this engine measured of it in the bucket, over every timed step of its runs, beats
+what it measured of K = 0 there by a confidence margin. Where one of the two lacks evidence a probe run of
+:data:`PROBE_RUN` steps measures it (its first ``SETTLE_STEPS`` not counted), at most one run starting every
+:data:`PROBE_GAP` steps of the bucket, only where the engine times its steps. Probes run before the cells'
+exploration and the steady regime's, so a run is not cut.
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
+from specctl_vllm.controller.core.model.measured import GoodputMeter, Verdict, probe_due, verdict
 from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths, steady_regime
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 
-__all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "WidthChooser", "verified_width"]
+__all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "GoodputMeter", "WidthChooser", "verified_width"]
 
 #: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
 FAST_DECAY = 0.98
@@ -60,12 +68,23 @@ RULE_REUSE_SHARE = 0.05
 #: Steps an exploration of the steady regime runs at the width it explores: the first is the switch (its time
 #: holds the previous width's tail and the meter skips it), the second is timed.
 STEADY_EXPLORE_RUN = 2
+#: Steps of a probe run of the measured check: long enough that the steps past its settling ones average over
+#: the prompt steps among them (on the H200 one step in two carries a prompt at 64 requests, and a block of 17
+#: steps' goodput spreads 10-20 % there, 5 % at 256).
+PROBE_RUN = 32
+#: Steps of a bucket between the starts of two probe runs (and before the first): a probe's share of steps is at
+#: most PROBE_RUN / (PROBE_RUN + PROBE_GAP), and only while the comparison is undecided; otherwise the
+#: evidence's fading sets the pace (a probe every ~1000-2000 steps).
+PROBE_GAP = 96
+#: Steps the budget meter's reading is reused for: its fit is a 3 x 3 solve, and it moves little in 8 steps.
+BUDGET_REFRESH_STEPS = 8
 
 
 class WidthChooser:
     def __init__(self, widths: tuple[int, ...], k_max: int, explore_every: int = 50,
                  explore_below: float = 100.0, token_budget: int | None = None,
-                 explore_below_steady: float = 5.0) -> None:
+                 explore_below_steady: float = 5.0, probe_run: int = PROBE_RUN,
+                 probe_gap: int = PROBE_GAP) -> None:
         self.widths = widths
         self.k_max = k_max
         self.budget = BudgetMeter(token_budget) if token_budget and token_budget > 0 else None
@@ -85,6 +104,17 @@ class WidthChooser:
         # the last computed width, reused for a few steps while its inputs hold (see _still_valid)
         self._decided: tuple[tuple, dict[str, float], int] | None = None
         self._decided_age = 0
+        self._budget_reading = None
+        self._budget_age = BUDGET_REFRESH_STEPS
+        # the measured check: goodput per (bucket, width) over timed runs, and the probe runs that feed it
+        self.measured = GoodputMeter()
+        self.probe_run = probe_run
+        self.probe_gap = probe_gap
+        self._probe_left = 0
+        self._probe_width = 0
+        self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe started
+        self.probes = 0
+        self.verdict: Verdict | None = None  # the last check (what the hook's log and the tests read)
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -130,6 +160,8 @@ class WidthChooser:
             self.width = pinned
             return pinned
         bucket = table.cells.bucket(batch)
+        if self._probing(bucket):
+            return self.width
         step_s, steps = table.cells.step_s[bucket], table.cells.steps[bucket]
         count = self._bucket_steps.get(bucket, 0) + (1 if measurable else 0)
         self._bucket_steps[bucket] = count
@@ -139,19 +171,54 @@ class WidthChooser:
                 self.explored += 1
                 self.width = self.widths[j]
                 return self.width
-        budget = self.budget.current() if self.budget is not None else None
+        budget = self._budget_now()
         if budget is not None and not steady_regime(batch, self.widths[-1], budget):
             budget = None
         if budget is not None and self._explore_steady():
             return self.width
         reuse = (table.generation, bucket, budget is None)
-        if self._still_valid(reuse, mix):
-            return self.width
-        self.width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
-                                  budget=budget).width
-        self._decided = (reuse, self._shares(mix), self.width)
-        self._decided_age = 0
+        if not self._still_valid(reuse, mix):
+            width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
+                                 budget=budget).width
+            self._decided = (reuse, self._shares(mix), width)
+            self._decided_age = 0
+        self.width = self._checked(self._decided[2], batch, bucket)
         return self.width
+
+    def _budget_now(self):
+        """The budget meter's reading, refreshed every :data:`BUDGET_REFRESH_STEPS` steps."""
+        if self.budget is None:
+            return None
+        self._budget_age += 1
+        if self._budget_age >= BUDGET_REFRESH_STEPS:
+            self._budget_reading = self.budget.current()
+            self._budget_age = 0
+        return self._budget_reading
+
+    def _probing(self, bucket: int) -> bool:
+        """Whether this step belongs to a probe run (then ``self.width`` is the probed width)."""
+        self._since_probe[bucket] = self._since_probe.get(bucket, 0) + 1
+        if self._probe_left <= 0:
+            return False
+        self._probe_left -= 1
+        self.width = self._probe_width
+        return True
+
+    def _checked(self, model_width: int, batch: int, bucket: int) -> int:
+        """The measured check on the model's width, and the start of a probe run where one is due."""
+        meter = self.measured
+        if model_width <= 0 or not meter.timing:
+            return model_width
+        plain, drafting = meter.reading(batch, 0), meter.reading(batch, model_width)
+        v = self.verdict = verdict(model_width, plain, drafting)
+        due = probe_due(v, plain, drafting, model_width)
+        if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self.probe_gap:
+            self._since_probe[bucket] = 0
+            self.probes += 1
+            self._probe_width = due
+            self._probe_left = self.probe_run - 1
+            return due
+        return v.width
 
     @staticmethod
     def _shares(mix: Mapping[str, int]) -> dict[str, float]:

@@ -606,3 +606,70 @@ def test_the_batch_pass_pads_and_counts_alike_on_its_fast_and_its_slow_path(reso
         want = [] if not spec else (spec + [-1] * width)[:width] if len(spec) < width else spec[:width]
         assert request.spec_token_ids == want
     assert rig.hook._next.mix == {"json": 3, "prose": 3}
+
+
+class PromptEngine:
+    """An engine at 64 requests whose decode-only cells say a drafting width is cheap, while the prompt steps
+    around it, which the cells leave out, cost a drafting width far more (the H200 at 64 requests, session 11:
+    K = 1 7.8 ms against K = 0 6.0 ms before decode steps, 16.3 ms against 9.7 over all steps). A step carries a
+    prompt with the chance that the previous step's commits finished a request (128 tokens each); the first step
+    at a new width pays the previous width's cost (async scheduling); 10 % noise on every step."""
+
+    DECODE_S = {0: 6.0e-3, 1: 7.8e-3, 2: 9.0e-3, 4: 11.0e-3, 7: 15.0e-3}
+    PROMPT_S = {0: 7.0e-3, 1: 14.0e-3, 2: 16.0e-3, 4: 16.0e-3, 7: 16.0e-3}
+
+    def __init__(self, curve: list[float], rng: np.random.Generator, batch: int = 64) -> None:
+        self.curve, self.rng, self.batch = curve, rng, batch
+        self.last_k = 0
+        self.last_commit = float(batch)
+
+    def step(self, k: int) -> tuple[int, float]:
+        """(committed, seconds) of one step at width ``k``."""
+        prompt = self.rng.random() < min(self.last_commit / 128, 1.0)
+        paid = self.last_k if self.last_k != k else k
+        seconds = (self.DECODE_S[paid] + (self.PROMPT_S[paid] if prompt else 0.0)) * (1 + self.rng.normal(0, 0.1))
+        committed = int(self.batch * self.curve[k] * (1 + self.rng.normal(0, 0.05)))
+        self.last_k, self.last_commit = k, committed
+        return committed, seconds
+
+    def steady_goodput(self, k: int) -> float:
+        committed = self.batch * self.curve[k]
+        return committed / (self.DECODE_S[k] + self.PROMPT_S[k] * min(committed / 128, 1.0))
+
+
+def run_prompted(chooser: WidthChooser, table, steps: int, engine: PromptEngine, category: str) -> tuple[list[int], float]:
+    chosen, committed, seconds = [], 0, 0.0
+    for i in range(steps):
+        k = chooser.choose({category: 64}, table, 64)
+        c, s = engine.step(k)
+        chooser.measured.observe(64, k, c, s)
+        chosen.append(k)
+        if i >= steps // 2:
+            committed, seconds = committed + c, seconds + s
+    return chosen, committed / seconds
+
+
+@pytest.mark.parametrize(("beta", "model_pick", "best"), [(0.45, 1, 0), (0.85, 4, 4)])
+def test_the_measured_check_runs_a_drafting_width_only_while_it_beats_plain_over_every_step(
+        beta: float, model_pick: int, best: int) -> None:
+    """Low acceptance: the cells pick K = 1, and only the measured check, over the prompt steps too, moves the
+    engine to plain decoding (within 3 % of it over the second half); high acceptance: K = 4 beats plain by
+    measurement and keeps running, the probes of K = 0 costing at most 3 %."""
+    curve = list(geometric_lengths(beta, 7))
+    rig = Rig(GRAPH)
+    install(rig, cells([PromptEngine.DECODE_S[k] * 1e3 for k in (0, 1, 2, 4, 7)]), prose=CP(k=4, expected=curve))
+    table = rig.holder.current(rig.clock())
+    unchecked = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, probe_run=0)
+    assert unchecked.choose({"prose": 64}, table, 64) == model_pick
+    engine = PromptEngine(curve, np.random.default_rng(11))
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    chosen, goodput = run_prompted(chooser, table, 8000, engine, "prose")
+    tail = chosen[-2000:]
+    assert max(set(tail), key=tail.count) == best
+    assert goodput >= 0.97 * engine.steady_goodput(best)
+    assert chooser.probes >= 1
+    assert chooser.verdict is not None and chooser.verdict.state == ("confirmed" if best else "refuted")
+    unchecked_engine = PromptEngine(curve, np.random.default_rng(11))
+    _, unchecked_goodput = run_prompted(unchecked, table, 8000, unchecked_engine, "prose")
+    if best == 0:
+        assert unchecked_goodput < 0.85 * engine.steady_goodput(0)  # what the cells alone cost

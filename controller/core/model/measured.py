@@ -1,0 +1,190 @@
+"""Measured goodput per (batch bucket, width): the check that keeps a drafting width only while it beats plain.
+
+The width rule (:mod:`.widths`) ranks widths with a model: the decode-only cells, or the steady-step model where
+the token budget binds. Both leave out part of what a width costs under a steady load with prompts: the cells
+learn only from decode steps followed by decode steps (on the H200 at 64 requests, session 11, a K = 1 step
+there cost 7.8 ms against K = 0's 6.0, but 16.3 ms against 9.7 over all steps: a drafting width pays far more of
+the prompt steps around it), and the steady-step model fitted K = 0's fixed cost from two steps at 256 requests.
+Both kept a drafting width where plain decoding committed 14-20 % more.
+
+So the engine also measures, per bucket and width, what a run of steps at that width committed per second of
+engine time, over every timed step (prompt or not) past the first few of a run (:data:`SETTLE_STEPS`: the
+first step holds the previous width's tail under async scheduling, and the prompts a step schedules were
+brought by the completions of the step before), and :func:`verdict` holds a drafting width to it:
+
+    K > 0 runs only while  g(K) >= g(0) * (1 + BASE_MARGIN + Z * sqrt(rse(0)^2 + rse(K)^2))
+
+``g`` = decayed committed tokens / decayed seconds, ``rse`` its relative standard error from the decayed
+per-step spread of ``seconds - g^-1 * committed`` (the ratio estimator's). Where either width has too little
+evidence the model's width runs and a probe run of the unmeasured width is due (:func:`probe_due`); where the
+drafting width does not clear the margin, K = 0 runs and the drafting width is probed until the comparison is
+decided.
+
+No I/O; O(1) per step (the sums age lazily, by the steps counted since a cell was last touched).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
+
+#: Per-step decay of the measured sums (every timed step of the engine ages every cell): a half-life of about
+#: 700 steps, 10-40 s on the H200 between 16 and 256 requests, so a probe's evidence lasts several probes' gaps.
+MEASURED_DECAY = 0.999
+#: Steps of a run not measured: the first holds the previous width's tail, the next carry prompts that the
+#: previous width's completions brought (on the H200 a K = 0 run inside K = 1 steps at 64 requests measured
+#: 13.4 ms a step over runs of a few steps, 9.3 ms over long ones).
+SETTLE_STEPS = 3
+#: Smallest relative gain over K = 0 a drafting width must show on top of its measurement's noise.
+BASE_MARGIN = 0.01
+#: Standard errors of the difference the gain must clear: one (a width within one standard error of plain is
+#: not used; the probes then measure until the difference is outside it or is gone).
+Z = 1.0
+#: Decayed measured steps each width needs before the comparison is made; below it the model's width runs. Few:
+#: the margin grows as the evidence fades (the spread stays that of the steps measured, the count decays), so
+#: a large gain stays confirmed on old evidence and a small one is looked at again soon.
+MIN_STEPS = 4.0
+#: A refuted drafting width is probed again once its evidence has faded below about one probe's steps: a change
+#: of mix or acceptance in the bucket gets a new look every few hundred steps at a bounded share.
+RECHECK_STEPS = 30.0
+#: While the comparison is undecided (the gain inside the margin), the width with fewer steps is probed until
+#: it has this many decayed steps: the margin then rests on hundreds of steps, not on one probe.
+DECIDE_STEPS = 200.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What the engine measured at one (bucket, width): committed tokens per second, its relative standard
+    error, and the decayed steps behind it (0 steps: nothing measured; goodput 0, rse inf)."""
+
+    goodput: float
+    rse: float
+    steps: float
+
+
+NOTHING = Measured(goodput=0.0, rse=math.inf, steps=0.0)
+
+
+class GoodputMeter:
+    """Decayed per-(bucket, width) sums over timed steps past the first :data:`SETTLE_STEPS` of a run:
+    weight, seconds, committed tokens and their second moments (seconds^2, committed^2, seconds x committed)."""
+
+    def __init__(self, edges: Sequence[int] = BATCH_EDGES, decay: float = MEASURED_DECAY,
+                 settle: int = SETTLE_STEPS) -> None:
+        self.edges = tuple(edges)
+        self.decay = decay
+        self.settle = settle
+        self._log_decay = math.log(decay) if 0 < decay < 1 else 0.0
+        self.clock = 0  # timed steps observed (every width, every bucket): the sums age by it
+        self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, width) -> [t, n, x, y, xx, yy, xy]
+        self._last: int | None = None  # width of the step observed last
+        self._run = 0  # steps of the current run (same width back to back)
+
+    def observe(self, batch: int, width: int, committed: int, interval_s: float | None) -> None:
+        """One step of ``batch`` requests at ``width`` that committed ``committed`` tokens in ``interval_s``
+        seconds of engine time (None: the engine was idle before it, not timed)."""
+        self._run = self._run + 1 if width == self._last else 1
+        self._last = width
+        if interval_s is None or not (0 < interval_s < 60) or batch <= 0 or committed < 0:
+            return
+        self.clock += 1
+        if self._run <= self.settle:
+            return
+        key = (bucket_of(batch, self.edges), width)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        else:
+            self._age(cell)
+        x, y = interval_s, float(committed)
+        cell[1] += 1.0
+        cell[2] += x
+        cell[3] += y
+        cell[4] += x * x
+        cell[5] += y * y
+        cell[6] += x * y
+
+    def _age(self, cell: list[float]) -> None:
+        dt = self.clock - cell[0]
+        if dt > 0 and self._log_decay:
+            f = math.exp(self._log_decay * dt)
+            for i in range(1, 7):
+                cell[i] *= f
+        cell[0] = float(self.clock)
+
+    def reading(self, batch: int, width: int) -> Measured:
+        """The measured goodput of ``width`` in ``batch``'s bucket, aged to now (the state is left alone)."""
+        cell = self._cells.get((bucket_of(batch, self.edges), width))
+        if cell is None:
+            return NOTHING
+        dt = self.clock - cell[0]
+        f = math.exp(self._log_decay * dt) if dt > 0 and self._log_decay else 1.0
+        n, x, y = cell[1] * f, cell[2] * f, cell[3] * f
+        if n <= 0 or x <= 0 or y <= 0:
+            return NOTHING
+        seconds_per_token = x / y
+        # the ratio estimator's variance: var(x - r y) / (n ybar^2), with the decayed second moments
+        r = seconds_per_token
+        spread = (cell[4] - 2 * r * cell[6] + r * r * cell[5]) * f / n
+        rse = math.sqrt(max(spread, 0.0) / n) / (x / n) if n > 1 else math.inf
+        return Measured(goodput=y / x, rse=rse, steps=n)
+
+    @property
+    def timing(self) -> bool:
+        """Whether any step was timed: probing only pays where the engine times its steps."""
+        return self.clock > 0
+
+
+def margin(plain: Measured, drafting: Measured, base: float = BASE_MARGIN, z: float = Z) -> float:
+    """The relative gain a drafting width must show over K = 0 given both measurements' noise."""
+    return base + z * math.sqrt(plain.rse ** 2 + drafting.rse ** 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the measurements say about running the model's drafting width instead of K = 0.
+
+    ``state``: ``unmeasured`` (too few steps of one of them: the model decides), ``confirmed`` (the drafting
+    width beats K = 0 by the margin), ``undecided`` (its gain is inside the margin) or ``refuted`` (K = 0
+    commits at least as much). Only ``confirmed`` and ``unmeasured`` run the drafting width."""
+
+    state: str
+    width: int  # the width to run
+    gain: float  # g(K) / g(0) - 1 where both are measured, else 0
+    margin: float
+
+
+def verdict(model_width: int, plain: Measured, drafting: Measured, min_steps: float = MIN_STEPS) -> Verdict:
+    """The measured check on the model's width (pure; O(1))."""
+    if model_width <= 0:
+        return Verdict(state="confirmed", width=0, gain=0.0, margin=0.0)
+    if plain.steps < min_steps or drafting.steps < min_steps or plain.goodput <= 0:
+        return Verdict(state="unmeasured", width=model_width, gain=0.0, margin=math.inf)
+    m = margin(plain, drafting)
+    gain = drafting.goodput / plain.goodput - 1.0
+    if gain >= m:
+        return Verdict(state="confirmed", width=model_width, gain=gain, margin=m)
+    return Verdict(state="undecided" if gain > 0 else "refuted", width=0, gain=gain, margin=m)
+
+
+def probe_due(v: Verdict, plain: Measured, drafting: Measured, model_width: int,
+              min_steps: float = MIN_STEPS, decide_steps: float = DECIDE_STEPS,
+              recheck_steps: float = RECHECK_STEPS) -> int | None:
+    """The width a probe run should measure now, or None: K = 0 while it has fewer than ``min_steps`` (the
+    model's drafting width runs meanwhile and measures itself; a confirmed verdict whose K = 0 evidence has
+    faded is ``unmeasured`` again); while undecided, the width with fewer steps until it has
+    ``decide_steps``; once refuted, the drafting width when its evidence has faded below ``recheck_steps``.
+    (How often a probe may start is the caller's: one run every so many steps.)"""
+    if model_width <= 0:
+        return None
+    if v.state == "unmeasured":
+        return 0 if plain.steps < min_steps else None
+    if v.state == "undecided":
+        fewer, steps = (0, plain.steps) if plain.steps <= drafting.steps else (model_width, drafting.steps)
+        return fewer if steps < decide_steps else None
+    if v.state == "refuted":
+        return model_width if drafting.steps < recheck_steps else None
+    return None

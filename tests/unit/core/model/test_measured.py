@@ -1,0 +1,103 @@
+"""The measured check: goodput per (bucket, width) over timed runs, and the verdict on a drafting width."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specctl_vllm.controller.core.model.measured import (
+    NOTHING,
+    GoodputMeter,
+    Measured,
+    margin,
+    probe_due,
+    verdict,
+)
+
+
+def feed(meter: GoodputMeter, width: int, steps: int, seconds: float, committed: int, batch: int = 64,
+         noise: float = 0.0, rng: np.random.Generator | None = None) -> None:
+    for _ in range(steps):
+        s = seconds * (1 + (rng.normal(0, noise) if rng is not None else 0.0))
+        meter.observe(batch, width, committed, s)
+
+
+def test_a_run_s_settling_steps_are_not_measured() -> None:
+    meter = GoodputMeter(settle=3)
+    feed(meter, 0, 3, 0.010, 64)
+    assert meter.reading(64, 0) is NOTHING  # all three settle
+    feed(meter, 0, 5, 0.010, 64)
+    r = meter.reading(64, 0)
+    assert r.steps == pytest.approx(5 * 0.999 ** 2, rel=0.01)  # aged by the steps since (lazy, per timed step)
+    assert r.goodput == pytest.approx(6400)
+    assert r.rse == pytest.approx(0.0, abs=1e-9)  # no spread
+    feed(meter, 1, 4, 0.020, 90)  # a new run: three settle, one counts
+    assert meter.reading(64, 1).steps == pytest.approx(1.0)
+    assert meter.reading(64, 0).goodput == pytest.approx(6400)  # the other width is untouched
+
+
+@pytest.mark.parametrize(("batch", "interval", "committed"), [
+    (0, 0.01, 5), (-3, 0.01, 5), (8, None, 5), (8, 0.0, 5), (8, -1.0, 5), (8, 61.0, 5), (8, math.inf, 5),
+    (8, math.nan, 5), (8, 0.01, -1),
+])
+def test_untimed_or_impossible_steps_are_not_measured(batch, interval, committed) -> None:
+    meter = GoodputMeter(settle=0)
+    meter.observe(batch, 0, committed, interval)
+    assert meter.reading(max(batch, 1), 0) is NOTHING
+
+
+def test_buckets_are_kept_apart_and_old_evidence_fades() -> None:
+    meter = GoodputMeter(settle=0, decay=0.99)
+    feed(meter, 2, 50, 0.050, 700, batch=250)
+    feed(meter, 2, 50, 0.008, 100, batch=16)
+    assert meter.reading(250, 2).goodput == pytest.approx(14000)
+    assert meter.reading(16, 2).goodput == pytest.approx(12500)
+    assert meter.reading(250, 2).steps < 50 * 0.99 ** 50  # faded while the other bucket ran
+
+
+def test_the_relative_standard_error_shrinks_as_one_over_root_steps() -> None:
+    rng = np.random.default_rng(1)
+    small, large = GoodputMeter(settle=0, decay=1.0), GoodputMeter(settle=0, decay=1.0)
+    feed(small, 0, 25, 0.010, 64, noise=0.3, rng=rng)
+    feed(large, 0, 400, 0.010, 64, noise=0.3, rng=rng)
+    assert small.reading(64, 0).rse == pytest.approx(0.3 / 5, rel=0.35)
+    assert large.reading(64, 0).rse == pytest.approx(0.3 / 20, rel=0.2)
+
+
+def m(goodput: float, rse: float = 0.02, steps: float = 100.0) -> Measured:
+    return Measured(goodput=goodput, rse=rse, steps=steps)
+
+
+@pytest.mark.parametrize(("model", "plain", "drafting", "state", "width"), [
+    (0, m(100), m(200), "confirmed", 0),  # the model already runs plain
+    (4, NOTHING, m(200), "unmeasured", 4),  # nothing of K = 0: the model decides
+    (4, m(100, steps=3), m(200), "unmeasured", 4),
+    (4, m(100), m(150), "confirmed", 4),  # +50 % against a margin of 1 % + 2.8 %
+    (4, m(100), m(102), "undecided", 0),  # +2 % inside it: plain runs
+    (4, m(100), m(85), "refuted", 0),
+    (4, m(100, rse=0.3), m(150, rse=0.3), "confirmed", 4),  # old, noisy evidence: a large gain still clears it
+    (4, m(100, rse=0.3), m(120, rse=0.3), "undecided", 0),  # a small one does not
+])
+def test_verdict(model, plain, drafting, state, width) -> None:
+    v = verdict(model, plain, drafting)
+    assert (v.state, v.width) == (state, width)
+    if state in ("confirmed", "undecided", "refuted") and model:
+        assert v.margin == pytest.approx(margin(plain, drafting))
+        assert v.gain == pytest.approx(drafting.goodput / plain.goodput - 1)
+
+
+@pytest.mark.parametrize(("model", "plain", "drafting", "due"), [
+    (0, NOTHING, NOTHING, None),
+    (4, NOTHING, m(200), 0),  # measure plain
+    (4, m(100, steps=50), m(200, steps=2), None),  # the model's width runs and measures itself
+    (4, m(100, steps=20), m(150, steps=900), None),  # confirmed: nothing to probe
+    (4, m(100, steps=900), m(102, steps=40), 4),  # undecided: the one with fewer steps
+    (4, m(100, steps=40), m(102, steps=900), 0),
+    (4, m(100, steps=900), m(102, steps=300), None),  # both well measured: the margin has spoken
+    (4, m(100, steps=900), m(85, steps=100), None),  # refuted on fresh evidence
+    (4, m(100, steps=900), m(85, steps=20), 4),  # refuted on faded evidence: look again
+])
+def test_probe_due(model, plain, drafting, due) -> None:
+    assert probe_due(verdict(model, plain, drafting), plain, drafting, model) == due
