@@ -743,6 +743,10 @@ class SpecHook:
         if now - self._last_log >= OVERHEAD_LOG_EVERY_S:
             self._last_log = now
             logger.info("specctl: overhead since start: %s", self.stats.overhead_line())
+            if self.widths is not None and self.widths.verdict is not None:
+                v = self.widths.verdict
+                logger.info("specctl: width check: %s (gain %+.1f %%, margin %.1f %%), probes %d",
+                            v.state, 100 * v.gain, 100 * min(v.margin, 9.99), self.widths.probes)
 
     def _close(self, step: _Step, section: int, t: int, c: int) -> None:
         """Charge one section (started at perf ``t``, thread CPU ``c``) to the step."""
