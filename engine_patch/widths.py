@@ -115,6 +115,8 @@ class WidthChooser:
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe started
         self.probes = 0
         self.verdict: Verdict | None = None  # the last check (what the hook's log and the tests read)
+        # buckets where the check holds the model's drafting width off: the model's own exploration pauses there
+        self._held_off: set[int] = set()
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -165,7 +167,8 @@ class WidthChooser:
         step_s, steps = table.cells.step_s[bucket], table.cells.steps[bucket]
         count = self._bucket_steps.get(bucket, 0) + (1 if measurable else 0)
         self._bucket_steps[bucket] = count
-        if measurable and self.explore_every and count % self.explore_every == 0:
+        held_off = bucket in self._held_off
+        if measurable and self.explore_every and not held_off and count % self.explore_every == 0:
             j = min(range(len(self.widths)), key=lambda i: steps[i])
             if steps[j] < self.explore_below and step_s[j] != float("inf"):
                 self.explored += 1
@@ -174,7 +177,7 @@ class WidthChooser:
         budget = self._budget_now()
         if budget is not None and not steady_regime(batch, self.widths[-1], budget):
             budget = None
-        if budget is not None and self._explore_steady():
+        if budget is not None and not held_off and self._explore_steady():
             return self.width
         reuse = (table.generation, bucket, budget is None)
         if not self._still_valid(reuse, mix):
@@ -208,9 +211,17 @@ class WidthChooser:
         """The measured check on the model's width, and the start of a probe run where one is due."""
         meter = self.measured
         if model_width <= 0 or not meter.timing:
+            self._held_off.discard(bucket)
             return model_width
         plain, drafting = meter.reading(batch, 0), meter.reading(batch, model_width)
         v = self.verdict = verdict(model_width, plain, drafting)
+        if v.width == 0:
+            # The model's exploration calibrates the widths it would run; while measurement holds them off, its
+            # steps at drafting widths only cost (on the H200 at 256 requests, low, 9-13 % of steps, session 12):
+            # the check's own probes look at the model's width again.
+            self._held_off.add(bucket)
+        else:
+            self._held_off.discard(bucket)
         due = probe_due(v, plain, drafting, model_width)
         if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self.probe_gap:
             self._since_probe[bucket] = 0

@@ -673,3 +673,22 @@ def test_the_measured_check_runs_a_drafting_width_only_while_it_beats_plain_over
     _, unchecked_goodput = run_prompted(unchecked, table, 8000, unchecked_engine, "prose")
     if best == 0:
         assert unchecked_goodput < 0.85 * engine.steady_goodput(0)  # what the cells alone cost
+
+
+def test_the_model_s_exploration_pauses_where_measurement_holds_its_width_off() -> None:
+    """Low acceptance with the cells' exploration on (every 50th step at the least-measured width): once the
+    check refutes the model's K = 1 the bucket's steps at drafting widths are only the check's own probes."""
+    curve = list(geometric_lengths(0.45, 7))
+    rig = Rig(GRAPH)
+    step_s = [PromptEngine.DECODE_S[k] for k in (0, 1, 2, 4, 7)]
+    few = protocol.StepCells(batch_edges=[4, 512], widths=[0, 1, 2, 4, 7], step_s=[step_s] * 2,
+                             steps=[[1e4, 1e4, 1e4, 10.0, 1e4]] * 2)  # K = 4 is the least measured
+    install(rig, few, prose=CP(k=4, expected=curve))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50)
+    chosen, goodput = run_prompted(chooser, table, 8000, PromptEngine(curve, np.random.default_rng(4)), "prose")
+    assert chooser.explored >= 1  # it explored before the check had spoken
+    tail = chosen[-3000:]
+    drafting = [k for k in tail if k]
+    assert len(drafting) <= 0.06 * len(tail)
+    assert set(drafting) <= {1}  # probes of the model's width, no exploration of the others
