@@ -76,6 +76,9 @@ PROBE_RUN = 32
 #: most PROBE_RUN / (PROBE_RUN + PROBE_GAP), and only while the comparison is undecided; otherwise the
 #: evidence's fading sets the pace (a probe every ~1000-2000 steps).
 PROBE_GAP = 96
+#: Modelled gain over K = 0 per extra PROBE_GAP of wait before a probe of K = 0 (:meth:`WidthChooser._gap`): a
+#: width the model rates 10 % above plain is probed after 2 gaps, one it rates 100 % above after 11.
+PROBE_GAIN_UNIT = 0.10
 #: Steps the budget meter's reading is reused for: its fit is a 3 x 3 solve, and it moves little in 8 steps.
 BUDGET_REFRESH_STEPS = 8
 
@@ -117,6 +120,7 @@ class WidthChooser:
         self.verdict: Verdict | None = None  # the last check (what the hook's log and the tests read)
         # buckets where the check holds the model's drafting width off: the model's own exploration pauses there
         self._held_off: set[int] = set()
+        self._model_gain = 0.0  # value(K*) / value(0) - 1 of the model's last computed width
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -181,10 +185,10 @@ class WidthChooser:
             return self.width
         reuse = (table.generation, bucket, budget is None)
         if not self._still_valid(reuse, mix):
-            width = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps,
-                                 budget=budget).width
-            self._decided = (reuse, self._shares(mix), width)
+            choice = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps, budget=budget)
+            self._decided = (reuse, self._shares(mix), choice.width)
             self._decided_age = 0
+            self._model_gain = choice.value / choice.plain_value - 1.0 if choice.plain_value > 0 else 0.0
         self.width = self._checked(self._decided[2], batch, bucket)
         return self.width
 
@@ -223,13 +227,23 @@ class WidthChooser:
         else:
             self._held_off.discard(bucket)
         due = probe_due(v, plain, drafting, model_width)
-        if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self.probe_gap:
+        if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self._gap(v, due):
             self._since_probe[bucket] = 0
             self.probes += 1
             self._probe_width = due
             self._probe_left = self.probe_run - 1
             return due
         return v.width
+
+    def _gap(self, v: Verdict, due: int) -> int:
+        """Steps between probes. A probe of K = 0 under the model's drafting width costs in proportion to the
+        gain the model sees (on the H200 K = 7 at 16 requests on high: 2x plain, so a 32-step probe cost a
+        first pass 7 % in the graph simulator); its chance of overturning the model falls as that gain grows.
+        So while nothing refutes the model, the gap grows with its gain (x 1 + gain / PROBE_GAIN_UNIT); once
+        measurement holds the width off or is undecided, probes come every ``probe_gap`` steps."""
+        if due == 0 and v.state in ("unmeasured", "confirmed"):
+            return int(self.probe_gap * (1.0 + max(self._model_gain, 0.0) / PROBE_GAIN_UNIT))
+        return self.probe_gap
 
     @staticmethod
     def _shares(mix: Mapping[str, int]) -> dict[str, float]:

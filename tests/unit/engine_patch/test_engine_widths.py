@@ -692,3 +692,17 @@ def test_the_model_s_exploration_pauses_where_measurement_holds_its_width_off() 
     drafting = [k for k in tail if k]
     assert len(drafting) <= 0.06 * len(tail)
     assert set(drafting) <= {1}  # probes of the model's width, no exploration of the others
+
+
+@pytest.mark.parametrize(("beta", "first_probe_between"), [(0.45, (150, 300)), (0.85, (1000, 1200))])
+def test_a_probe_of_plain_waits_longer_the_more_the_model_expects_from_drafting(beta, first_probe_between) -> None:
+    """The cells rate K = 1 11 % above plain at beta 0.45 (gap x 2.1) and K = 4 100 % above it at beta 0.85
+    (gap x 11): the first probe of K = 0 comes after that many gaps of the bucket's steps."""
+    curve = list(geometric_lengths(beta, 7))
+    rig = Rig(GRAPH)
+    install(rig, cells([PromptEngine.DECODE_S[k] * 1e3 for k in (0, 1, 2, 4, 7)]), prose=CP(k=4, expected=curve))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    chosen, _ = run_prompted(chooser, table, 2000, PromptEngine(curve, np.random.default_rng(2)), "prose")
+    low, high = first_probe_between
+    assert low <= chosen.index(0) <= high
