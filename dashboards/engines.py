@@ -174,6 +174,25 @@ def _efficiency(layout: Layout) -> None:
     )
     layout.add(
         timeseries(
+            "Proposal width run, share of steps (graph-shaped engines)",
+            "Share of each engine's steps per proposal width it verified (0: plain decoding). A graph-shaped "
+            "engine picks one width per step with the width rule; a drafting width runs only while the engine "
+            "measured it committing more than plain decoding in the same batch bucket (docs/policy.md, *The "
+            "measured check*). Short bursts at another width are probes and exploration. On low-acceptance "
+            "traffic under load expect width 0; a drafting width there that stays is the place to look.\n\n"
+            f"Metric: `{m.WIDTH_STEPS}`",
+            [target(divide(engine.sum_rate(m.WIDTH_STEPS, by="engine, width"),
+                           engine.sum_rate(m.WIDTH_STEPS, by="engine"), "on (engine) group_left ()"),
+                    "{{engine}} · K={{width}}")],
+            unit="percentunit",
+            max_value=1,
+            stack=True,
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        timeseries(
             "Engine steps / s per engine",
             f"Steps each engine reported to the controller.\n\nMetric: `{m.STEPS}`",
             [target(engine.sum_rate(m.STEPS, by="engine"), "{{engine}}")],

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.protocol import MAX_K
 
 WINDOW = 4096
 RETIRED_BOOTS = 8
@@ -61,6 +62,8 @@ class EngineBook:
     outcomes: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicate": 0, "rejected": 0})
     steps: int = 0
     step_seconds: float = 0.0
+    #: graph-shaped engines: steps per proposal width they ran (0: plain decoding), since this controller met them
+    width_steps: dict[int, int] = field(default_factory=dict)
     last_seen: float | None = None
     policy_served_at: float | None = None
     policy_version_served: int | None = None
@@ -136,6 +139,7 @@ class EngineBook:
             "conflict_boot": self.conflict_boot, "conflict_at": self.conflict_at,
             "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
             "outcomes": dict(self.outcomes), "steps": self.steps, "step_seconds": self.step_seconds,
+            **({"width_steps": {str(w): n for w, n in sorted(self.width_steps.items())}} if self.width_steps else {}),
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
             "policy_version_served": self.policy_version_served,
             "policy_version_reported": self.policy_version_reported, "mix": self.mix.to_dict(),
@@ -172,6 +176,7 @@ class EngineBook:
         b.step_seconds = max(0.0, float(d.get("step_seconds", 0.0)))
         if not math.isfinite(b.step_seconds):
             raise ValueError("step_seconds not finite")
+        b.width_steps = _width_steps(d.get("width_steps", {}))
         b.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
         b.policy_served_at = None if d.get("policy_served_at") is None else float(d["policy_served_at"])
         for name in ("policy_version_served", "policy_version_reported"):
@@ -179,6 +184,25 @@ class EngineBook:
             setattr(b, name, None if v is None else int(v))
         b.mix = Mix.from_dict(d["mix"]) if "mix" in d else Mix()
         return b
+
+
+def _width_steps(raw) -> dict[int, int]:
+    """A stored {width: steps}: widths the protocol allows, counts capped."""
+    out = {}
+    for w, n in dict(raw).items():
+        width = int(w)
+        if not 0 <= width <= MAX_K:
+            raise ValueError("width out of range")
+        out[width] = _count(n)
+    return out
+
+
+def record_width_steps(book: EngineBook, width_steps: dict[int, int]) -> None:
+    """Add a batch's steps per width to the engine's counters (each capped; widths outside the protocol's
+    range never reach here: the digest clamps them)."""
+    counts = book.width_steps
+    for w, n in width_steps.items():
+        counts[w] = min(COUNTER_CAP, counts.get(w, 0) + n)
 
 
 def _widths(raw, k_max: int) -> tuple[int, ...]:

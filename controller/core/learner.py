@@ -21,7 +21,7 @@ from specctl_vllm.controller.core.cost_fit import OnlineCostModel
 from specctl_vllm.controller.core.engines import COUNTER_CAP
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.mix import Mix
-from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample
+from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample, verified_width
 from specctl_vllm.controller.core.model.cells import CellTable
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import (
@@ -105,6 +105,8 @@ class BatchDigest:
     #: graph-shaped engines that report their token budget: (budget, [(scheduled, prompt, committed,
     #: interval_s) per step]) for the steady-step model's meter
     budget_samples: tuple[int, list[tuple[int, int, int, float | None, int]]] | None = None
+    #: graph-shaped engines: steps per width the step verified (its own width, else its drafts per request)
+    width_steps: dict[int, int] = field(default_factory=dict)
     #: the engine the batch came from, its last step's cell sample (held until its next step is seen) and
     #: whether the batch's first step carries prompt tokens (then the held sample is dropped)
     engine: str = ""
@@ -171,8 +173,15 @@ class ModelState:
         budget_samples: list[tuple[int, int, int, float | None, int]] = []
         seconds = 0.0
         cells_in, cell_tail = cell_samples(batch.steps)
+        graph_shaped = bool(batch.spec.graph_widths)
+        width_steps: dict[int, int] = {}
         for step in batch.steps:
             seconds += step.wall_s
+            if graph_shaped and step.batch_size > 0:
+                # a step with prompt chunks reports no width of its own: its drafts per request are the width
+                w = step.width if step.width is not None else min(verified_width(step.draft_tokens,
+                                                                                 step.batch_size), MAX_K)
+                width_steps[w] = width_steps.get(w, 0) + 1
             if budget is not None and step.scheduled_tokens > 0:
                 budget_samples.append(budget_sample(step))
             if step.batch_size > 0:
@@ -233,7 +242,8 @@ class ModelState:
                            busy_req, extra, extra_values, len(batch.steps), seconds, new, overflowed, dropped,
                            cells_in, (budget, budget_samples) if budget is not None else None,
                            engine=f"{batch.engine_id}/{batch.boot_id}", cell_tail=cell_tail,
-                           head_prompt=bool(batch.steps) and batch.steps[0].prefill_tokens > 0)
+                           head_prompt=bool(batch.steps) and batch.steps[0].prefill_tokens > 0,
+                           width_steps=width_steps)
 
     def apply(self, d: BatchDigest, now: float, s: LearnerSettings, engine_mix: Mix) -> None:
         for cat in d.new_categories:

@@ -154,6 +154,8 @@ class EngineMetrics:
     steps: int
     step_seconds: float
     id_conflicts: int = 0
+    #: graph-shaped engines: (width, steps that ran it), ascending
+    width_steps: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

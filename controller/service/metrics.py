@@ -131,7 +131,12 @@ def _engine_families(snapshot: Any) -> list[Metric]:
     step_s = _counter("specctl_step_seconds", "Engine step wall time reported, seconds", ["model_name", "engine"])
     conflicts = _counter("specctl_engine_id_conflicts", "Batches from a second running engine with the same engine "
                          "id (refused with 409): two engines share one SPECCTL_ENGINE_ID", ["engine"])
+    widths = _counter("specctl_engine_width_steps", "Steps of a graph-shaped engine per proposal width it ran "
+                      "(0: plain decoding): where the width rule and its measured check put the engine",
+                      ["engine", "width"])
     for row in snapshot.engines:
+        for width, count in row.width_steps:
+            widths.add_metric([row.engine, str(width)], count)
         for outcome, count in sorted(row.batches.items()):
             batches.add_metric([row.engine, outcome], count)
         gaps.add_metric([row.engine], row.gaps)
@@ -143,7 +148,7 @@ def _engine_families(snapshot: Any) -> list[Metric]:
         conflicts.add_metric([row.engine], row.id_conflicts)  # zero too: "conflicts in range" reads 0, not no data
     if snapshot.rejected_unknown_engine:
         batches.add_metric([UNKNOWN_ENGINE, "rejected"], snapshot.rejected_unknown_engine)
-    return [batches, gaps, dropped, age, steps, step_s, conflicts]
+    return [batches, gaps, dropped, age, steps, step_s, conflicts, widths]
 
 
 def _other_families(snapshot: Any) -> list[Metric]:

@@ -17,7 +17,7 @@ from typing import Literal
 from specctl_vllm.controller.core.budget import MODEL_SERIES, category_series, engine_series, label_weight
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
 from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook
+from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook, record_width_steps
 from specctl_vllm.controller.core.learner import BatchDigest, ModelState
 from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
@@ -164,6 +164,7 @@ def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainC
     book.model_free_methods = tuple(batch.spec.model_free_methods)
     book.steps = min(COUNTER_CAP, book.steps + digest.steps)
     book.step_seconds += digest.step_seconds
+    record_width_steps(book, digest.width_steps)
     book.last_seen = now
     if batch.policy_version is not None:
         book.policy_version_reported = batch.policy_version

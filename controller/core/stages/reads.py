@@ -176,7 +176,8 @@ def engine_metrics(b: EngineBook, now: float) -> EngineMetrics:
     return EngineMetrics(engine=b.engine_id, model=b.model, batches=dict(b.outcomes), gaps=b.gaps,
                          dropped_steps=b.dropped_steps,
                          policy_age_s=None if b.policy_served_at is None else max(0.0, now - b.policy_served_at),
-                         steps=b.steps, step_seconds=b.step_seconds, id_conflicts=b.id_conflicts)
+                         steps=b.steps, step_seconds=b.step_seconds, id_conflicts=b.id_conflicts,
+                         width_steps=tuple(sorted(b.width_steps.items())))
 
 
 def model_metrics(ms: ModelState, engines: Mapping[str, EngineBook], eff: Effective | None,

@@ -204,3 +204,18 @@ def test_extreme_but_valid_budgets_and_intervals_leave_the_policy_servable(token
     policy = b.policy_for("m", spec, 1031.0, engine_id="e1")
     json.dumps(policy.model_dump(mode="json"), allow_nan=False)  # every figure it serves is finite
     assert 0 <= policy.categories["json"].k <= 7
+
+
+def test_steps_per_width_are_counted_and_exposed_for_graph_shaped_engines_only() -> None:
+    """Every step counts once under the width it verified: its own width, or, for a step whose prompt chunks
+    leave it without one, its drafts per request; a per-request engine counts none."""
+    b = brain()
+    feed_width_steps(b, GRAPH_SPEC, width=4, batches=2)
+    chunked = step([cat_step("json", 8, JSON, k=2)], depth=2).model_copy(
+        update={"width": None, "draft_tokens": 14, "prefill_tokens": 300, "scheduled_tokens": 330})
+    b.ingest(batch([chunked], 2, spec=GRAPH_SPEC), 1003.0)
+    rows = {e.engine: e for e in b.metrics(1004.0).engines}
+    assert dict(rows["e1"].width_steps) == {2: 1, 4: 20}
+    per_request = brain()
+    feed_width_steps(per_request, SPEC, batches=2)
+    assert all(not e.width_steps for e in per_request.metrics(1004.0).engines)

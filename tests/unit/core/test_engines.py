@@ -51,7 +51,8 @@ def test_conflict_state_round_trips():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_seq", 10**400), ("max_seq", -5), ("step_seconds", float("inf")), ("seen", [-1])],
+    [("max_seq", 10**400), ("max_seq", -5), ("step_seconds", float("inf")), ("seen", [-1]),
+     ("width_steps", {"33": 5}), ("width_steps", {"-1": 5}), ("width_steps", {"x": 5}), ("width_steps", {"2": "x"})],
 )
 def test_out_of_range_snapshot_refused(field, value):
     d = EngineBook("e").to_dict()
@@ -81,3 +82,18 @@ def test_graph_width_set_round_trips_and_malformed_ones_are_per_request(stored, 
     assert again.spec_graph_widths == want
     assert ("spec_graph_widths" in again.to_dict()) == bool(want)
     assert "spec_graph_widths" not in EngineBook("e2").to_dict()  # per-request engines' snapshots are unchanged
+
+
+def test_width_steps_add_up_capped_and_round_trip():
+    from specctl_vllm.controller.core.engines import record_width_steps
+
+    book = EngineBook("e")
+    assert "width_steps" not in book.to_dict()  # a per-request engine's snapshot stays what it was
+    record_width_steps(book, {0: 3, 4: 2})
+    record_width_steps(book, {0: 1, 7: COUNTER_CAP})
+    record_width_steps(book, {7: 5})
+    assert book.width_steps == {0: 4, 4: 2, 7: COUNTER_CAP}
+    assert EngineBook.from_dict(book.to_dict()).width_steps == book.width_steps
+    d = book.to_dict()
+    d["width_steps"] = {"2": 10**400}
+    assert EngineBook.from_dict(d).width_steps == {2: COUNTER_CAP}
