@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
+from specctl_vllm.controller.protocol import MAX_K
 
 #: Per-step decay of the measured sums (every timed step of the engine ages every cell): a half-life of about
 #: 700 steps, 10-40 s on the H200 between 16 and 256 requests, so a probe's evidence lasts several probes' gaps.
@@ -86,6 +87,7 @@ class GoodputMeter:
     def observe(self, batch: int, width: int, committed: int, interval_s: float | None) -> None:
         """One step of ``batch`` requests at ``width`` that committed ``committed`` tokens in ``interval_s``
         seconds of engine time (None: the engine was idle before it, not timed)."""
+        width = min(max(width, 0), MAX_K)  # one key past any engine's width set: the table stays bounded
         self._run = self._run + 1 if width == self._last else 1
         self._last = width
         if interval_s is None or not (0 < interval_s < 60) or batch <= 0 or committed < 0:
@@ -117,7 +119,7 @@ class GoodputMeter:
 
     def reading(self, batch: int, width: int) -> Measured:
         """The measured goodput of ``width`` in ``batch``'s bucket, aged to now (the state is left alone)."""
-        cell = self._cells.get((bucket_of(batch, self.edges), width))
+        cell = self._cells.get((bucket_of(batch, self.edges), min(max(width, 0), MAX_K)))
         if cell is None:
             return NOTHING
         dt = self.clock - cell[0]

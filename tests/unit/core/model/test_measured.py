@@ -15,6 +15,7 @@ from specctl_vllm.controller.core.model.measured import (
     probe_due,
     verdict,
 )
+from specctl_vllm.controller.protocol import MAX_K
 
 
 def feed(meter: GoodputMeter, width: int, steps: int, seconds: float, committed: int, batch: int = 64,
@@ -101,3 +102,12 @@ def test_verdict(model, plain, drafting, state, width) -> None:
 ])
 def test_probe_due(model, plain, drafting, due) -> None:
     assert probe_due(verdict(model, plain, drafting), plain, drafting, model) == due
+
+
+def test_widths_and_batches_of_any_size_keep_the_table_bounded() -> None:
+    meter = GoodputMeter(settle=0)
+    for width in range(0, 5000, 7):
+        for batch in (1, 10**6):
+            meter.observe(batch, width, 5, 0.01)
+    assert len(meter._cells) <= 2 * (MAX_K + 1)
+    assert meter.reading(10**6, 10**4).steps > 0  # a width past MAX_K reads its one key
