@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -615,8 +616,8 @@ class PromptEngine:
     prompt with the chance that the previous step's commits finished a request (128 tokens each); the first step
     at a new width pays the previous width's cost (async scheduling); 10 % noise on every step."""
 
-    DECODE_S = {0: 6.0e-3, 1: 7.8e-3, 2: 9.0e-3, 4: 11.0e-3, 7: 15.0e-3}
-    PROMPT_S = {0: 7.0e-3, 1: 14.0e-3, 2: 16.0e-3, 4: 16.0e-3, 7: 16.0e-3}
+    DECODE_S: ClassVar[dict[int, float]] = {0: 6.0e-3, 1: 7.8e-3, 2: 9.0e-3, 4: 11.0e-3, 7: 15.0e-3}
+    PROMPT_S: ClassVar[dict[int, float]] = {0: 7.0e-3, 1: 14.0e-3, 2: 16.0e-3, 4: 16.0e-3, 7: 16.0e-3}
 
     def __init__(self, curve: list[float], rng: np.random.Generator, batch: int = 64) -> None:
         self.curve, self.rng, self.batch = curve, rng, batch
@@ -686,7 +687,7 @@ def test_the_model_s_exploration_pauses_where_measurement_holds_its_width_off() 
     install(rig, few, prose=CP(k=4, expected=curve))
     table = rig.holder.current(rig.clock())
     chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50)
-    chosen, goodput = run_prompted(chooser, table, 8000, PromptEngine(curve, np.random.default_rng(4)), "prose")
+    chosen, _ = run_prompted(chooser, table, 8000, PromptEngine(curve, np.random.default_rng(4)), "prose")
     assert chooser.explored >= 1  # it explored before the check had spoken
     tail = chosen[-3000:]
     drafting = [k for k in tail if k]
