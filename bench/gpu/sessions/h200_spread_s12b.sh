@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 12, what was left of the same machine after h200_spread_s12.sh: a second pass of specctl_skip (a fresh
-# controller and engine) on low and mixed at c = 64 and 256, and plain beside it: the points the measured check
+# engine; the controller restores the first pass's learned state from its SQLite store) on low and mixed at c = 64 and 256, and plain beside it: the points the measured check
 # moved, measured twice.
 set -uo pipefail
 # shellcheck source=prelude.sh
