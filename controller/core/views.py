@@ -5,7 +5,7 @@ All frozen plain data; ``to_dict()`` gives JSON-able dicts (no numpy types, no N
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +102,9 @@ class EngineView:
     id_conflicts: int = 0
     conflict_boot: str | None = None
     last_conflict_age_s: float | None = None
+    #: graph-shaped engines: the widths they pick one of per step (empty: per-request k), and steps per width run
+    graph_widths: tuple[int, ...] = ()
+    width_steps: dict = field(default_factory=dict)  # width (str) -> steps
 
     def to_dict(self) -> dict:
         return asdict(self)

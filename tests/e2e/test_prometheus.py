@@ -48,13 +48,19 @@ OVERRIDE_CATEGORY = "summarise"
 #: (why, does the controller's GET /v1/categories say the series must exist?). A short workload gives each
 #: category tens of drafts, so whether they exist depends on what earlier tests of the session drove; the
 #: test requires data exactly when the controller's own API says there is some.
-EVIDENCE_GATED: dict[tuple[str, str, str], tuple[str, Callable[[list[dict]], bool]]] = {
+#: (dashboard, panel, query ref) -> (why it may be empty, whether it must have data, from the controller's API)
+EVIDENCE_GATED: dict[tuple[str, str, str], tuple[str, Callable[[Callable[[str], list[dict]]], bool]]] = {
     ("specctl_categories.json", "Entropy class", "B"): (
         (
             "specctl_acceptance_entropy is exported for a category once one of its methods has at least "
             "SPECCTL_POLICY_MIN_EVIDENCE drafts; before that the class is 'unknown' and has no bits"
         ),
-        lambda categories: any(c["entropy"]["bits"] is not None for c in categories),
+        lambda api: any(c["entropy"]["bits"] is not None for c in api("/v1/categories")),
+    ),
+    ("specctl_engines.json", "Proposal width run, share of steps (graph-shaped engines)", "A"): (
+        ("specctl_engine_width_steps_total counts the steps of graph-shaped engines (one width per step, CUDA "
+         "graphs); an engine that verifies per-request k, as the CPU backend does, has none"),
+        lambda api: any(e["graph_widths"] for e in api("/v1/engines")),
     ),
 }
 
@@ -243,8 +249,7 @@ def test_panel_query_returns_data(prometheus: Prometheus, window: Window, query:
     gated = EVIDENCE_GATED.get((query.dashboard, query.panel, query.ref_id))
     expected = True
     if gated is not None:
-        categories = httpx.get(f"{stack.controller_url}/v1/categories", timeout=10.0).json()
-        expected = gated[1](categories)
+        expected = gated[1](lambda path: httpx.get(f"{stack.controller_url}{path}", timeout=10.0).json())
     assert bool(result) == expected, (
         f"{query.key}: {'no data' if expected else 'data although the controller reports none'} for "
         f"{substitute(query.expr, _variables(window))}" + (f" ({gated[0]})" if gated else "")

@@ -169,7 +169,8 @@ def engine_view(b: EngineBook, now: float, mix_half_life_s: float) -> EngineView
         batch_size=None if bs is None else round(bs, 4),
         category_mix={c: round(v, 6) for c, v in mix.shares().items()}, id_conflicts=b.id_conflicts,
         conflict_boot=b.conflict_boot or None,
-        last_conflict_age_s=None if b.conflict_at is None else max(0.0, now - b.conflict_at))
+        last_conflict_age_s=None if b.conflict_at is None else max(0.0, now - b.conflict_at),
+        graph_widths=b.spec_graph_widths, width_steps={str(w): n for w, n in sorted(b.width_steps.items())})
 
 
 def engine_metrics(b: EngineBook, now: float) -> EngineMetrics:

@@ -216,6 +216,9 @@ def test_steps_per_width_are_counted_and_exposed_for_graph_shaped_engines_only()
     b.ingest(batch([chunked], 2, spec=GRAPH_SPEC), 1003.0)
     rows = {e.engine: e for e in b.metrics(1004.0).engines}
     assert dict(rows["e1"].width_steps) == {2: 1, 4: 20}
+    view = {e.engine_id: e for e in b.engines(1004.0)}["e1"]
+    assert view.graph_widths == (0, 1, 2, 4, 7) and view.width_steps == {"2": 1, "4": 20}
     per_request = brain()
     feed_width_steps(per_request, SPEC, batches=2)
     assert all(not e.width_steps for e in per_request.metrics(1004.0).engines)
+    assert all(not e.graph_widths and not e.width_steps for e in per_request.engines(1004.0))
