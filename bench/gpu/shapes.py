@@ -63,6 +63,26 @@ SHAPES = {
         "eagle3": LlamaShape(256, 512, 1, 4, 2, 4096),
     },
 }
+#: The other drafters of model runner V2 in vLLM 0.26 (issue 16's smoke rows), read from its sources
+#: (``config/speculative.py``, ``model_executor/models/{mimo,mimo_mtp,qwen3_dflash,qwen3_dspark}.py``):
+#: * ``mimo``: the target with one native MTP layer. MiMo is the only dense, plain-attention family with MTP heads
+#:   0.26 runs (the others need MoE or MLA kernels the carried wheel set leaves out, or are hybrid); its blocks are
+#:   Qwen2's (qkv bias), the shape the 8B target's. transformers has no ``mimo`` type, so ``qwen2`` with vLLM's
+#:   architecture name. One layer: MiMo's MTP module only ever runs layer 0 (it runs K times for K drafts).
+#: * ``dflash`` / ``dspark``: parallel (block) drafters on a Qwen3 backbone of the target's width and vocabulary
+#:   (they share its embedding and head), fed the target's hidden states after ``target_layer_ids`` + 1; 5 layers,
+#:   as the public Qwen3-8B drafts. DSpark reads its own ``target_layer_ids`` (as many as its layers) and a Markov
+#:   head of rank ``markov_rank``. Both need a mask token for the block's placeholders.
+#: Gemma-4's MTP assistant is in 0.26 too, but its target config does not load with the carried transformers
+#: (5.17: "'head_dim' is a per-layer attribute"), so it is not a role here.
+MTP_LAYERS = 1
+PARALLEL_DRAFT_LAYERS = {"8b": 5, "tiny": 1}
+TARGET_LAYER_IDS = {"8b": [1, 8, 16, 23, 29], "tiny": [0]}
+MASK_TOKEN = {"8b": 128255, "tiny": 4095}
+MARKOV_RANK = {"8b": 256, "tiny": 16}
+#: The proposal method each draft role is started with (vLLM re-detects the method from a folder name holding
+#: ``eagle3``, ``dflash`` or ``dspark``: the folders are named after the role, so it finds the same).
+ROLE_OF_METHOD = {"eagle3": "eagle3", "draft_model": "draft", "mtp": "mimo", "dflash": "dflash", "dspark": "dspark"}
 #: vLLM's architecture name for a Llama EAGLE-3 head (``LlamaForCausalLMEagle3`` -> ``Eagle3LlamaForCausalLM``).
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 #: The head reads the target's hidden states after three layers by default, (2, L/2, L-3): a 2-layer tiny target
@@ -72,12 +92,36 @@ EAGLE3_AUX = {"tiny": {"eagle_aux_hidden_state_layer_ids": [1], "num_aux_hidden_
 
 def model_config(shape: str, role: str) -> dict:
     """config.json of one role of a shape; the EAGLE-3 head keeps the full vocabulary (no draft vocab map)."""
+    if role in ("mimo", "dflash", "dspark"):
+        return _other_drafter_config(shape, role)
     config = SHAPES[shape][role].config()
     if role == "eagle3":
         config["architectures"] = [EAGLE3_ARCHITECTURE]
         config["draft_vocab_size"] = config["vocab_size"]
         config["target_hidden_size"] = SHAPES[shape]["target"].hidden_size
         config.update(EAGLE3_AUX.get(shape, {}))
+    return config
+
+
+def _other_drafter_config(shape: str, role: str) -> dict:
+    target = SHAPES[shape]["target"]
+    config = target.config()
+    if role == "mimo":
+        config.update({"architectures": ["MiMoForCausalLM"], "model_type": "qwen2",
+                       "num_nextn_predict_layers": MTP_LAYERS, "use_sliding_window": False,
+                       "max_window_layers": target.num_hidden_layers})
+        return config
+    layers = PARALLEL_DRAFT_LAYERS[shape]
+    config.update({"model_type": "qwen3", "num_hidden_layers": layers,
+                   "head_dim": target.hidden_size // target.num_attention_heads, "attention_bias": False,
+                   "target_hidden_size": target.hidden_size})
+    ids = TARGET_LAYER_IDS[shape][:layers] if role == "dspark" else TARGET_LAYER_IDS[shape]
+    if role == "dflash":
+        config["architectures"] = ["DFlashDraftModel"]
+        config["dflash_config"] = {"mask_token_id": MASK_TOKEN[shape], "target_layer_ids": ids}
+    else:
+        config.update({"architectures": ["Qwen3DSparkModel"], "target_layer_ids": ids,
+                       "mask_token_id": MASK_TOKEN[shape], "markov_rank": MARKOV_RANK[shape]})
     return config
 
 

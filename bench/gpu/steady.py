@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.gpu import steady_plan as plan
 from bench.gpu.accept_plugin import DISPATCH_FILE_ENV, snapshot_counts, snapshot_meta
-from bench.gpu.shapes import PROMPT_TOKENS, SHAPES, write_model
+from bench.gpu.shapes import PROMPT_TOKENS, ROLE_OF_METHOD, SHAPES, write_model
 from bench.gpu.steady_stats import (
     Round,
     category_of,
@@ -52,11 +52,18 @@ def build_engine(engine: plan.SteadyEngine, args: argparse.Namespace):
     from vllm.v1.engine.llm_engine import LLMEngine
 
     models = Path(args.models_dir)
-    target = write_model(models, args.shape, "target")
-    draft = write_model(models, args.shape, "eagle3" if args.draft_method == "eagle3" else "draft")
+    target, draft = model_dirs(models, args.shape, engine.drafter or args.draft_method)
     kwargs = plan.engine_kwargs(engine, target, draft, method=args.draft_method, synthetic=args.synthetic,
                                 eager=args.eager)
     return LLMEngine.from_engine_args(EngineArgs(**kwargs)), kwargs
+
+
+def model_dirs(models: Path, shape: str, method: str) -> tuple[Path, Path]:
+    """(target, drafter) folders of a proposal method: native MTP's drafter is the target's own MTP layer."""
+    if method == "mtp":
+        target = write_model(models, shape, ROLE_OF_METHOD["mtp"])
+        return target, target
+    return write_model(models, shape, "target"), write_model(models, shape, ROLE_OF_METHOD[method])
 
 
 def engine_meta(llm, engine: plan.SteadyEngine, kwargs: dict, startup_s: float, args: argparse.Namespace) -> dict:

@@ -88,6 +88,8 @@ class SteadyEngine:
     pinned: bool = False
     #: variables the engine's processes start with beyond the sweep's own (a patch setting under test)
     env: tuple[tuple[str, str], ...] = ()
+    #: the proposal method when not the sweep's ``--draft-method`` (the other drafters' smoke rows)
+    drafter: str = ""
 
     @property
     def plugins(self) -> tuple[str, ...]:
@@ -127,7 +129,25 @@ def optional_engines() -> list[SteadyEngine]:
     """Engines a sweep starts only when ``--only`` names them: specctl with a patch setting under test.
     ``specctl_skip``: K = 0 steps skip the drafter, so they cost what plain decoding costs, and the drafter's
     KV cache misses the positions decoded at K = 0 (docs/engine.md)."""
-    return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),))]
+    return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),)),
+            *drafter_engines()]
+
+
+#: The drafters of issue 16's smoke rows beside EAGLE-3, and the static width each is compared at.
+SMOKE_DRAFTERS = ("mtp", "dflash", "dspark")
+SMOKE_K = 4
+
+
+def drafter_engines() -> list[SteadyEngine]:
+    """Per drafter: a static engine at K = 4 and specctl (k_max 7) with the same drafter. The patch's
+    graph-shaped steps cover the autoregressive drafters (MTP as EAGLE-3); DFlash and DSpark draft a block in
+    one pass, and the patch runs them with per-request k (their smoke rows say whether vLLM honoured it)."""
+    out = []
+    for d in SMOKE_DRAFTERS:
+        out.append(SteadyEngine(name=f"{d}_k{SMOKE_K}", k=SMOKE_K, drafter=d))
+        env = ((DRAFT_AT_ZERO_ENV, "skip"),) if d == "mtp" else ()
+        out.append(SteadyEngine(name=f"{d}_specctl", k=SPECCTL_K_MAX, specctl=True, drafter=d, env=env))
+    return out
 
 
 ORACLE_ENGINE = SteadyEngine(name=ORACLE, k=SPECCTL_K_MAX, specctl=True, pinned=True)
@@ -274,9 +294,10 @@ def planned_seconds(plan: list[tuple[SteadyEngine, list[Point]]], timing: Timing
 
 
 def spec_config(engine: SteadyEngine, draft_dir: Path, *, method: str, synthetic: bool) -> dict | None:
+    """``draft_dir``: the drafter's folder (for native MTP the target's own, which holds the MTP layer)."""
     if engine.k == 0:
         return None
-    spec: dict = {"method": method, "model": str(draft_dir), "num_speculative_tokens": engine.k}
+    spec: dict = {"method": engine.drafter or method, "model": str(draft_dir), "num_speculative_tokens": engine.k}
     if synthetic:
         spec["rejection_sample_method"] = "synthetic"
         spec["synthetic_acceptance_rates"] = acceptance_rates(PROFILES[ENGINE_PROFILE], engine.k)

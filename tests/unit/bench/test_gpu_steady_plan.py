@@ -163,3 +163,51 @@ def test_code_digest_changes_with_the_sources(tmp_path):
     first = plan.code_digest(tmp_path)
     (tmp_path / "controller" / "a.py").write_text("x = 2\n")
     assert plan.code_digest(tmp_path) != first
+
+
+@pytest.mark.parametrize("shape", ["8b", "tiny"])
+def test_other_drafters_configs_fit_the_target(shape):
+    """vLLM 0.26's constraints (read from its sources): MiMo's MTP layer on a Qwen2-typed target; DFlash and DSpark
+    drafts of the target's width and vocabulary, reading hidden states after layer id + 1 (inside the target),
+    a mask token inside the vocabulary, and for DSpark as many layer ids as layers."""
+    target = model_config(shape, "target")
+    mimo = model_config(shape, "mimo")
+    assert mimo["architectures"] == ["MiMoForCausalLM"] and mimo["model_type"] == "qwen2"
+    assert mimo["num_nextn_predict_layers"] == 1 and mimo["num_hidden_layers"] == target["num_hidden_layers"]
+    for role, arch in (("dflash", "DFlashDraftModel"), ("dspark", "Qwen3DSparkModel")):
+        draft = model_config(shape, role)
+        assert draft["architectures"] == [arch] and draft["model_type"] == "qwen3"
+        assert (draft["hidden_size"], draft["vocab_size"]) == (target["hidden_size"], target["vocab_size"])
+        assert draft["target_hidden_size"] == target["hidden_size"]
+        assert draft["head_dim"] * draft["num_attention_heads"] == draft["hidden_size"]
+        mask = draft["dflash_config"]["mask_token_id"] if role == "dflash" else draft["mask_token_id"]
+        ids = draft["dflash_config"]["target_layer_ids"] if role == "dflash" else draft["target_layer_ids"]
+        assert 0 <= mask < target["vocab_size"]
+        assert all(0 <= i and i + 1 < target["num_hidden_layers"] for i in ids)
+        if role == "dspark":
+            assert len(ids) == draft["num_hidden_layers"] and draft["markov_rank"] > 0
+
+
+def test_drafter_smoke_engines_start_their_own_drafter(tmp_path):
+    from bench.gpu.steady import model_dirs
+
+    by_name = {e.name: e for e in plan.optional_engines()}
+    for d in plan.SMOKE_DRAFTERS:
+        static, specctl = by_name[f"{d}_k4"], by_name[f"{d}_specctl"]
+        assert (static.k, static.specctl, static.drafter) == (4, False, d)
+        assert (specctl.k, specctl.specctl, specctl.drafter) == (7, True, d)
+        target, draft = model_dirs(tmp_path, "8b", d)
+        spec = plan.engine_kwargs(static, target, draft)["speculative_config"]
+        assert spec["method"] == d and spec["model"] == str(draft)  # not the sweep's --draft-method
+        assert len(spec["synthetic_acceptance_rates"]) == 4
+        assert json.loads((target / "config.json").read_text())["architectures"] == (
+            ["MiMoForCausalLM"] if d == "mtp" else ["LlamaForCausalLM"])
+        if d == "mtp":
+            assert draft == target  # the MTP layer lives in the target's folder
+        else:
+            assert d in draft.name  # vLLM re-detects the method from the folder name: it must find the same
+            assert "eagle" not in str(draft) and "eagle" not in str(target)
+    assert dict(by_name["mtp_specctl"].env) == {plan.DRAFT_AT_ZERO_ENV: "skip"}
+    assert not by_name["dflash_specctl"].env  # the skip wrapper covers autoregressive drafters only
+    eagle = plan.engine_kwargs(plan.engines()[1], *model_dirs(tmp_path, "8b", "eagle3"))["speculative_config"]
+    assert eagle["method"] == "eagle3" and eagle["model"].endswith("8b-eagle3")
