@@ -46,7 +46,13 @@ from collections.abc import Mapping
 
 from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
 from specctl_vllm.controller.core.model.measured import GoodputMeter, Verdict, probe_due, verdict
-from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths, steady_regime
+from specctl_vllm.controller.core.model.widths import (
+    COLD_BETA,
+    TokenBudget,
+    choose_width,
+    geometric_lengths,
+    steady_regime,
+)
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 
 __all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "GoodputMeter", "WidthChooser", "verified_width"]
@@ -192,7 +198,7 @@ class WidthChooser:
         self.width = self._checked(self._decided[2], batch, bucket)
         return self.width
 
-    def _budget_now(self):
+    def _budget_now(self) -> TokenBudget | None:
         """The budget meter's reading, refreshed every :data:`BUDGET_REFRESH_STEPS` steps."""
         if self.budget is None:
             return None
