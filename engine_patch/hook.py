@@ -215,8 +215,8 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "cf_ns", "cpu_ns", "depth", "draft_ns", "engine_loop", "hook_ns", "mix", "output",
-                 "rule_ns", "sections", "spec_ns", "t0", "table", "width")
+    __slots__ = ("agg", "cf_ns", "cpu_ns", "decoding", "depth", "draft_ns", "engine_loop", "hook_ns", "mix",
+                 "output", "rule_ns", "sections", "spec_ns", "t0", "table", "width")
 
     def __init__(self, t0: int, table: PolicyTable) -> None:
         self.output: Any = None
@@ -234,6 +234,7 @@ class _Step:
         self.engine_loop = False  # drafted requests are counted in vLLM's own update loop (counting_call)
         self.spec_ns = 0  # the step's counting calls at their measured price, charged to observe in finish
         self.rule_ns = 0  # graph-shaped: the width rule's share of the after section
+        self.decoding = True  # graph-shaped: at least half the step's requests decode (not a prompt burst)
 
 
 class SpecHook:
@@ -505,10 +506,16 @@ class SpecHook:
                 if request is not None:
                     category = self.state_of(request, table).category
                     mix[category] = mix.get(category, 0) + 1
-            batch = len(output.num_scheduled_tokens)
+            scheduled = output.num_scheduled_tokens
+            batch = len(scheduled)
             # A decode-only step schedules at most 1 + width tokens per request; more means a prompt chunk.
             tokens = getattr(output, "total_num_scheduled_tokens", 0)
-            decode_only = not new_reqs and tokens <= batch * (1 + (step.width or 0))
+            limit = 1 + (step.width or 0)
+            decode_only = not new_reqs and tokens <= batch * limit
+            # A step most of whose requests run prompt chunks (an engine's first steps, a burst of arrivals)
+            # measures prefill, not the width it verified: it commits next to nothing whatever the width, and
+            # with no drafts it would read as a K = 0 step (counted in C: a map over the batch's token counts).
+            step.decoding = decode_only or 2 * sum(map(limit.__ge__, scheduled.values())) >= batch
             rule_t = self.perf_ns()
             width = self.widths.choose(mix, table, batch, measurable=decode_only)
             step.rule_ns = self.perf_ns() - rule_t
@@ -711,7 +718,8 @@ class SpecHook:
                 self.widths.observe(step.agg)
             if scheduled > 0:
                 committed, verified = committed_tokens(step.agg), verified_width(draft_tokens, batch)
-                self.widths.measured.observe(batch, verified, committed, interval)
+                if step.decoding:
+                    self.widths.measured.observe(batch, verified, committed, interval)
                 if self.widths.budget is not None:
                     self.widths.budget.observe(scheduled, prefill, committed, interval, verified)
         if scheduled > 0:

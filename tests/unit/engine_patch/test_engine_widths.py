@@ -707,3 +707,30 @@ def test_a_probe_of_plain_waits_longer_the_more_the_model_expects_from_drafting(
     chosen, _ = run_prompted(chooser, table, 2000, PromptEngine(curve, np.random.default_rng(2)), "prose")
     low, high = first_probe_between
     assert low <= chosen.index(0) <= high
+
+
+def test_steps_that_mostly_run_prompt_chunks_stay_out_of_the_measured_check() -> None:
+    """A burst of arrivals (an engine's first seconds, a load step) gives steps that run mostly prompt chunks: they
+    commit next to nothing whatever the width, and with few drafts they would read as K = 0 steps and make plain
+    decoding look slow (the H200's second pass in session 12: its first steps at 2000 prompt tokens each). Such a
+    step is left out; the decode steps around it count."""
+    rig = Rig(GRAPH, correct={"json": 7})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    meter = rig.hook.widths.measured
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            rig.clock.t += 0.01  # back to back: every step after the first is timed
+            rig.sim.step()
+
+    for i in range(2):
+        rig.add(f"a{i}", "json", max_tokens=400)
+    steps(6)
+    before = meter.clock
+    assert before == 5  # the first step had no previous one to be timed from
+    for i in range(8):  # eight prompts of 40 tokens beside two decoding requests
+        rig.add(f"b{i}", "json", prompt=list(range(100, 140)), max_tokens=400)
+    steps(1)
+    assert meter.clock == before  # the burst's step: 8 of 10 requests in prefill
+    steps(5)
+    assert meter.clock == before + 5
