@@ -126,9 +126,11 @@ class GraphSpecctl(Specctl):
         record = self._record(res, now).model_copy(update={"width": res.width, "interval_s": res.wall_s})
         self.pending.append(record)
         self.chooser.observe(self._aggregate(res))
-        # the engine's measured check, fed as the hook feeds it: every timed step's width and committed tokens
-        width = res.width if res.width is not None else res.depth
-        self.chooser.measured.observe(res.batch_size, width, int(res.committed.sum()), res.wall_s)
+        # the engine's measured check, fed as the hook feeds it: every timed step's width and committed tokens,
+        # but for a step most of whose requests run prompt chunks
+        if 2 * int(res.decoding.sum()) >= res.batch_size:
+            width = res.width if res.width is not None else res.depth
+            self.chooser.measured.observe(res.batch_size, width, int(res.committed.sum()), res.wall_s)
         if now - self.last_report >= self.report_s:
             version = self.policy.version
             self._report(now)

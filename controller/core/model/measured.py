@@ -10,7 +10,9 @@ Both kept a drafting width where plain decoding committed 14-20 % more.
 So the engine also measures, per bucket and width, what a run of steps at that width committed per second of
 engine time, over every timed step (prompt or not) past the first few of a run (:data:`SETTLE_STEPS`: the
 first step holds the previous width's tail under async scheduling, and the prompts a step schedules were
-brought by the completions of the step before), and :func:`verdict` holds a drafting width to it:
+brought by the completions of the step before), and :func:`verdict` holds a drafting width to it. The caller
+leaves out a step most of whose requests run prompt chunks (a burst of arrivals, an engine's first steps): it
+measures prefill whatever the width, and without drafts it would read as K = 0.
 
     K > 0 runs only while  g(K) >= g(0) * (1 + BASE_MARGIN + Z * sqrt(rse(0)^2 + rse(K)^2))
 
