@@ -10,7 +10,9 @@ Charges (upper bounds, from :mod:`specctl_vllm.controller.service.metrics`; ``te
 that a scrape never exports more than the charged total):
 
 * engine: 3 batch outcomes + gaps + dropped steps + policy age + steps + step seconds + id conflicts, and a
-  draft-cost-ratio row for its drafter: :data:`ENGINE_SERIES`;
+  draft-cost-ratio row for its drafter: :data:`ENGINE_SERIES`; a graph-shaped engine also its steps per width,
+  one per width the protocol allows (:data:`WIDTH_SERIES`), charged when it first reports a width set (its steps
+  per width are counted only once that charge fits);
 * model: draft-cost ratios of up to ``MAX_METHODS`` + 1 drafters, overflow and decision-error counters:
   :data:`MODEL_SERIES`;
 * (model, category): 3 totals, the acceptance-length histogram (K + 1 buckets, +Inf, sum, count), k, method,
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 import math
 
-from specctl_vllm.controller.protocol import MAX_METHODS
+from specctl_vllm.controller.protocol import MAX_K, MAX_METHODS
 
 ENGINE_SERIES = 10
+#: Steps per proposal width of a graph-shaped engine: one series per width 0..MAX_K.
+WIDTH_SERIES = MAX_K + 1
 MODEL_SERIES = MAX_METHODS + 3
 #: The controller's own series (internal errors, disconnects, snapshot age, the budget gauges, unknown engine).
 GLOBAL_SERIES = 16
@@ -57,6 +61,11 @@ def label_weight(*values: str) -> float:
 
 def engine_series(engine_id: str, model: str) -> int:
     return math.ceil(ENGINE_SERIES * label_weight(engine_id, model))
+
+
+def width_series(engine_id: str) -> int:
+    """The steps-per-width counters of a graph-shaped engine (labels: engine, width)."""
+    return math.ceil(WIDTH_SERIES * label_weight(engine_id))
 
 
 def category_series(k: int, methods: int, weight: float = 1.0) -> int:

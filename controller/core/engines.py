@@ -62,8 +62,10 @@ class EngineBook:
     outcomes: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicate": 0, "rejected": 0})
     steps: int = 0
     step_seconds: float = 0.0
-    #: graph-shaped engines: steps per proposal width they ran (0: plain decoding), since this controller met them
+    #: graph-shaped engines: steps per proposal width they ran (0: plain decoding), since this controller met them;
+    #: counted only once their series are charged to the budget (``widths_charged``)
     width_steps: dict[int, int] = field(default_factory=dict)
+    widths_charged: bool = False
     last_seen: float | None = None
     policy_served_at: float | None = None
     policy_version_served: int | None = None
@@ -140,6 +142,7 @@ class EngineBook:
             "dropped_prev_boots": self.dropped_prev_boots, "dropped_this_boot": self.dropped_this_boot,
             "outcomes": dict(self.outcomes), "steps": self.steps, "step_seconds": self.step_seconds,
             **({"width_steps": {str(w): n for w, n in sorted(self.width_steps.items())}} if self.width_steps else {}),
+            **({"widths_charged": True} if self.widths_charged else {}),
             "last_seen": self.last_seen, "policy_served_at": self.policy_served_at,
             "policy_version_served": self.policy_version_served,
             "policy_version_reported": self.policy_version_reported, "mix": self.mix.to_dict(),
@@ -177,6 +180,7 @@ class EngineBook:
         if not math.isfinite(b.step_seconds):
             raise ValueError("step_seconds not finite")
         b.width_steps = _width_steps(d.get("width_steps", {}))
+        b.widths_charged = bool(d.get("widths_charged", False)) or bool(b.width_steps)
         b.last_seen = None if d.get("last_seen") is None else float(d["last_seen"])
         b.policy_served_at = None if d.get("policy_served_at") is None else float(d["policy_served_at"])
         for name in ("policy_version_served", "policy_version_reported"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, MutableMapping
 
-from specctl_vllm.controller.core.budget import GLOBAL_SERIES, engine_series, model_series
+from specctl_vllm.controller.core.budget import GLOBAL_SERIES, engine_series, model_series, width_series
 from specctl_vllm.controller.core.config import BudgetSettings
 from specctl_vllm.controller.core.engines import EngineBook
 from specctl_vllm.controller.core.learner import ModelState
@@ -48,7 +48,8 @@ def stamp_unseen(models: dict[str, ModelState], engines: dict[str, EngineBook], 
 
 def series(models: dict[str, ModelState], engines: dict[str, EngineBook]) -> int:
     """Series the learned state is charged (an upper bound on what a scrape exports)."""
-    return GLOBAL_SERIES + sum(engine_series(e, b.model or "") for e, b in engines.items()) + sum(
+    return GLOBAL_SERIES + sum(engine_series(e, b.model or "") + (width_series(e) if b.widths_charged else 0)
+                               for e, b in engines.items()) + sum(
         model_series(ms.name, ms.charged_k, {c: len(st.methods) for c, st in ms.categories.items()})
         for ms in models.values())
 

@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from specctl_vllm.controller.core.budget import MODEL_SERIES, category_series, engine_series, label_weight
+from specctl_vllm.controller.core.budget import (
+    MODEL_SERIES,
+    category_series,
+    engine_series,
+    label_weight,
+    width_series,
+)
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
 from specctl_vllm.controller.core.cost import CostCoefficients
 from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook, record_width_steps
@@ -48,6 +54,8 @@ class Admission:
     digest: BatchDigest
     gap_delta: int
     cost: int
+    #: a graph-shaped engine's steps-per-width series are charged with this batch (they fit the budget)
+    charge_widths: bool = False
 
 
 def validate(batch: TelemetryBatch, book: EngineBook | None, engines: int, models: Mapping[str, ModelState],
@@ -147,7 +155,13 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
                 "idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings is forgotten, or an operator can "
                 "forget it (POST /v1/forget)", status=429)
-    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost)
+    # steps per width: optional telemetry, charged when a graph-shaped engine first reports, where it fits
+    widths = bool(batch.spec.graph_widths) and not book.widths_charged
+    if widths and series + cost + width_series(batch.engine_id) <= limit:
+        cost += width_series(batch.engine_id)
+    else:
+        widths = False
+    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost, charge_widths=widths)
 
 
 def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig) -> IngestResult:
@@ -164,7 +178,9 @@ def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainC
     book.model_free_methods = tuple(batch.spec.model_free_methods)
     book.steps = min(COUNTER_CAP, book.steps + digest.steps)
     book.step_seconds += digest.step_seconds
-    record_width_steps(book, digest.width_steps)
+    book.widths_charged = book.widths_charged or admitted.charge_widths
+    if book.widths_charged:
+        record_width_steps(book, digest.width_steps)
     book.last_seen = now
     if batch.policy_version is not None:
         book.policy_version_reported = batch.policy_version

@@ -156,3 +156,32 @@ def test_a_full_budget_scrape_stays_under_100_bytes_per_series_whatever_the_name
     assert b.series > budget * 0.9  # filled
     text, _ = render(b.metrics(1001.0), ServiceStats(snapshot_age_s=1.0), "")
     assert len(text) <= budget * 100 + 16 * 1024, len(text)
+
+
+def post_graph(b: Brain, *, engine: str, widths_seen: range, seq: int = 0, boot: str = "b1", k: int = 32):
+    """A graph-shaped engine's batch whose steps ran every width in ``widths_seen`` (hostile: all 33)."""
+    spec = SpecConfig(method="eagle3", k_max=k, graph_widths=[0, 1, 2, 4, k])
+    steps = [step([cat_step("code", 2, BETAS, k=w)], depth=w).model_copy(update={"width": w}) for w in widths_seen]
+    return b.ingest(batch(steps, seq, engine=engine, boot=boot, model="m", spec=spec), 1000.0)
+
+
+def test_steps_per_width_are_charged_before_they_are_exported():
+    """A graph-shaped engine exports one steps-per-width series per width it ran, up to every width the protocol
+    allows: charged when it first reports a width set, and counted only where that charge fits the budget."""
+    b = make()
+    for e in range(3):
+        post_graph(b, engine=f"g{e}", widths_seen=range(33))
+    n = exported(b, 1002.0)
+    assert n <= b.series, (n, b.series)
+    assert all(len(e.width_steps) == 33 for e in b.metrics(1002.0).engines)
+    before = b.series
+    post_graph(b, engine="g0", widths_seen=range(33), seq=1)  # charged once
+    assert b.series == before
+    full = make()
+    post_graph(full, engine="g", widths_seen=range(1))
+    tight = make(max_series=full.series - 1)
+    post_graph(tight, engine="g", widths_seen=range(1))  # the engine fits, its width series do not
+    assert not tight.metrics(1002.0).engines[0].width_steps
+    assert exported(tight, 1002.0) <= tight.series <= full.series - 1
+    again = Brain.load(b.dump(), b.config)
+    assert again.series == b.series  # the charge survives a restart
