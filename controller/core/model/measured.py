@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specctl_vllm.controller.core.decay import decay_factor
 from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
 from specctl_vllm.controller.protocol import MAX_K
 
@@ -80,7 +81,8 @@ class GoodputMeter:
         self.edges = tuple(edges)
         self.decay = decay
         self.settle = settle
-        self._log_decay = math.log(decay) if 0 < decay < 1 else 0.0
+        # the project's one decay formula, in steps: a per-step factor ``decay`` is a half-life of ln 2 / -ln decay
+        self._half_life = math.log(0.5) / math.log(decay) if 0 < decay < 1 else math.inf
         self.clock = 0  # timed steps observed (every width, every bucket): the sums age by it
         self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, width) -> [t, n, x, y, xx, yy, xy]
         self._last: int | None = None  # width of the step observed last
@@ -97,7 +99,7 @@ class GoodputMeter:
         self.clock += 1
         if self._run <= self.settle:
             return
-        key = (bucket_of(batch, self.edges), width)
+        key = self._key(batch, width)
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -111,21 +113,26 @@ class GoodputMeter:
         cell[5] += y * y
         cell[6] += x * y
 
+    def _key(self, batch: int, width: int) -> tuple[int, int]:
+        return bucket_of(batch, self.edges), min(max(width, 0), MAX_K)
+
+    def _factor(self, cell: list[float]) -> float:
+        """What the cell's sums keep of their weight from their last update to now."""
+        return decay_factor(self.clock - cell[0], self._half_life)
+
     def _age(self, cell: list[float]) -> None:
-        dt = self.clock - cell[0]
-        if dt > 0 and self._log_decay:
-            f = math.exp(self._log_decay * dt)
+        f = self._factor(cell)
+        if f < 1.0:
             for i in range(1, 7):
                 cell[i] *= f
         cell[0] = float(self.clock)
 
     def reading(self, batch: int, width: int) -> Measured:
         """The measured goodput of ``width`` in ``batch``'s bucket, aged to now (the state is left alone)."""
-        cell = self._cells.get((bucket_of(batch, self.edges), min(max(width, 0), MAX_K)))
+        cell = self._cells.get(self._key(batch, width))
         if cell is None:
             return NOTHING
-        dt = self.clock - cell[0]
-        f = math.exp(self._log_decay * dt) if dt > 0 and self._log_decay else 1.0
+        f = self._factor(cell)
         n, x, y = cell[1] * f, cell[2] * f, cell[3] * f
         if n <= 0 or x <= 0 or y <= 0:
             return NOTHING
