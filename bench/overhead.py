@@ -193,7 +193,8 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False, engine_lo
         holder.install(graph_policy(flat_cells) if graph else bench_policy(), time.monotonic())
         # CPU time of this process, not wall time: on a shared machine a descheduled process would otherwise
         # charge other processes' work to the hook.
-        hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=perf_ns)
+        # graph-shaped: model runner V2 under async scheduling, as on the GPU
+        hook = SpecHook(engine, holder, StepQueue(100_000), overhead_budget=0.0, perf_ns=perf_ns, async_mode=graph)
         hook.drafts_from_engine_loop = graph and engine_loop
         if hook.drafts_from_engine_loop:  # as the runtime prices vLLM's counting calls at start-up
             from specctl_vllm.engine_patch.hook import counting_call_ns

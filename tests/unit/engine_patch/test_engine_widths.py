@@ -734,3 +734,89 @@ def test_steps_that_mostly_run_prompt_chunks_stay_out_of_the_measured_check() ->
     assert meter.clock == before  # the burst's step: 8 of 10 requests in prefill
     steps(5)
     assert meter.clock == before + 5
+
+
+def _count_batch_passes(monkeypatch) -> list[int]:
+    """Steps (by their number in the run) whose before_schedule passed over the batch's requests."""
+    from specctl_vllm.engine_patch import hook as hook_module
+
+    passes: list[int] = []
+    real = hook_module.SpecHook._before_graph_step
+
+    def spy(self, running, table, step):
+        real(self, running, table, step)
+        if step.batch_pass:
+            passes.append(self.stats.steps)
+
+    monkeypatch.setattr(hook_module.SpecHook, "_before_graph_step", spy)
+    return passes
+
+
+@pytest.mark.parametrize(("async_mode", "passes"), [(True, 3), (False, 24)])
+def test_a_steady_async_batch_is_passed_over_once_in_batch_pass_every_steps(monkeypatch, async_mode, passes) -> None:
+    """Under async scheduling vLLM sizes every request's placeholder drafts from the width the patch set, so once
+    a pass finds the batch at the width, the next BATCH_PASS_EVERY - 1 steps reuse its counts; a synchronous
+    engine hands back drafts of any length, so there every step passes."""
+    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY
+
+    seen = _count_batch_passes(monkeypatch)
+    rig = Rig(GRAPH, async_mode=async_mode, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(12):
+        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
+    widths = widths_seen(rig, 8)
+    seen.clear()
+    widths += widths_seen(rig, 3 * BATCH_PASS_EVERY)
+    assert len(seen) == passes
+    assert all(len(s) <= 1 for s in widths)  # every step uniform: the reused steps too
+
+
+@pytest.mark.parametrize("change", ["table", "batch", "off_width"])
+def test_a_reused_mix_gives_way_to_a_pass_as_soon_as_its_inputs_change(monkeypatch, change) -> None:
+    """A new policy table, a batch that grew by more than an eighth, or a pass that had drafts to cut or pad:
+    the next step passes over the batch again."""
+    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY
+
+    seen = _count_batch_passes(monkeypatch)
+    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(16):
+        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
+    widths_seen(rig, BATCH_PASS_EVERY + 1)
+    while rig.hook._pass_reuses_left != BATCH_PASS_EVERY - 1:  # the step after a pass that found the batch at width
+        widths_seen(rig, 1)
+    seen.clear()
+    widths_seen(rig, 1)
+    assert seen == []  # a reused step
+    if change == "table":
+        install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=1, expected=LOW))
+    elif change == "batch":
+        for i in range(3):  # 16 -> 19 requests: more than an eighth
+            rig.add(f"n{i}", "json", max_tokens=2000)
+        widths_seen(rig, 1)  # the step that admits them still reuses; they join the running list after it
+        seen.clear()
+    else:
+        rig.hook._pass_reuses_left = 0  # the next step passes; give it a request off the width
+        rig.sim.running[0].spec_token_ids = [1] * (rig.hook.widths.width + 1)
+        widths_seen(rig, 1)
+        assert len(seen) == 1 and rig.hook._pass_reuses_left == 0  # it cut the drafts: no reuse after it
+        seen.clear()
+    widths_seen(rig, 1)
+    assert len(seen) == 1
+
+
+def test_a_reused_step_counts_the_requests_it_admits(monkeypatch) -> None:
+    """Between passes the width rule sees the last pass's requests per category plus the step's admitted ones."""
+    mixes: list[dict[str, int]] = []
+    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    real = rig.hook.widths.choose
+    monkeypatch.setattr(rig.hook.widths, "choose", lambda mix, *a, **k: mixes.append(dict(mix)) or real(mix, *a, **k))
+    for i in range(16):
+        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
+    widths_seen(rig, 10)
+    while rig.hook._pass_reuses_left < 2:
+        widths_seen(rig, 1)
+    rig.add("new", "code", max_tokens=2000)
+    widths_seen(rig, 1)
+    assert mixes[-1] == {"json": 8, "prose": 8, "code": 1}
