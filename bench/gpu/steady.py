@@ -78,6 +78,7 @@ def engine_meta(llm, engine: plan.SteadyEngine, kwargs: dict, startup_s: float, 
         "vllm": vllm.__version__,
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "shape": args.shape,
+        "model": str(kwargs.get("model") or ""),
         "startup_s": startup_s,
         "async_scheduling": bool(conf.scheduler_config.async_scheduling),
         "scheduler_cls": kwargs.get("scheduler_cls"),
@@ -288,12 +289,15 @@ def clear_pins(categories: tuple[str, ...]) -> None:
         _request("DELETE", f"/v1/overrides/{cat}", params={"actor": PIN_ACTOR, "reason": "point done"})
 
 
-def controller_view(categories: tuple[str, ...]) -> dict | None:
-    """The controller's current view (decision and estimates per category, engines, overrides) for the row."""
+def controller_view(categories: tuple[str, ...], model: str | None = None) -> dict | None:
+    """The controller's current view (decision and estimates per category, engines, overrides) for the row.
+    ``model``: the engine's served model; the controller keeps its categories per model, and without it the
+    view is the first model's (session 13's MTP rows showed the EAGLE-3 engine's categories)."""
     if controller_url() is None:
         return None
+    params = {"model": model} if model else None
     return {
-        "categories": {cat: _request("GET", f"/v1/categories/{cat}") for cat in categories},
+        "categories": {cat: _request("GET", f"/v1/categories/{cat}", params=params) for cat in categories},
         "engines": _request("GET", "/v1/engines"),
         "overrides": _request("GET", "/v1/overrides"),
     }
@@ -391,7 +395,7 @@ def run_points(llm, engine: plan.SteadyEngine, points: list[plan.Point], meta: d
         try:
             row = measure(llm, load, watch, point, args, index)
             if engine.specctl:
-                row["controller"] = controller_view(point.categories)
+                row["controller"] = controller_view(point.categories, meta.get("model"))
         finally:
             if point.pins:
                 clear_pins(tuple(cat for cat, _ in point.pins))

@@ -11,11 +11,18 @@ apart). Per point it prints:
 * ``prompt-step depths``: the same for steps that carried a prompt (they verify the width chosen before them);
 * mean requests per step and mean scheduled tokens per step (the budget bound shows as a flat maximum).
 
+With ``--goodput`` it prints instead, per point, the tokens each width committed per second of engine time over
+the window's timed steps (a step's committed tokens: one per decoding request plus its accepted drafts, from the
+step's counts; its time: ``interval_s``) and that width's share of the time; ``mixed`` is the steps whose
+requests did not all verify one width (prompt chunks beside drafted requests). Beside a plain engine's rows this
+says what the speculative engine's K = 0 steps cost against plain decoding.
+
 With ``--by-tokens N`` it prints instead, per point at ``--min-concurrency`` or more, the median interval between
 steps in bins of N scheduled tokens: what a step costs against the tokens it carries (on the H200 at 256
 requests a drafting step below the budget costs nearly what a full one does; see bench/gpu/README.md).
 
     python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz [--engine specctl] [--window-s 16]
+    python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz --goodput
     python3 -m bench gpu.steady_widths RESULTS.jsonl STEPS.jsonl.gz --by-tokens 256 [--min-concurrency 256]
 """
 
@@ -128,6 +135,42 @@ def interval_by_tokens(window: Iterable[dict], bin_tokens: int) -> dict[int, tup
     return {b: (len(v), statistics.median(v)) for b, v in sorted(bins.items())}
 
 
+def committed_tokens(step: dict) -> int:
+    """Tokens a recorded step committed: one per decoding request (its scheduled tokens less prompt and draft
+    tokens) plus every accepted draft in its per-category counts."""
+    accepted = sum(j * n for cat in step.get("categories") or () for h in cat.get("hists") or ()
+                   for j, n in enumerate(h.get("accepted") or ()))
+    decoding = int(step.get("scheduled_tokens", 0)) - int(step.get("prefill_tokens", 0)) - int(step.get("draft_tokens", 0))
+    return max(decoding, 0) + accepted
+
+
+def goodput_by_width(window: Iterable[dict]) -> dict[str, tuple[float, float]]:
+    """{width ("K0", ..., "mixed"): (committed tokens per second of engine time, share of the timed time)} over the
+    window's steps that carry an interval."""
+    sums: dict[str, list[float]] = {}
+    for s in window:
+        interval = s.get("interval_s")
+        if not interval:
+            continue
+        key = f"K{s['width']}" if s.get("width") is not None else "mixed"
+        acc = sums.setdefault(key, [0.0, 0.0])
+        acc[0] += committed_tokens(s)
+        acc[1] += float(interval)
+    total = sum(seconds for _, seconds in sums.values()) or 1.0
+    return {k: (tokens / seconds, seconds / total) for k, (tokens, seconds) in sorted(sums.items()) if seconds > 0}
+
+
+def render_goodput(rows: list[dict], times: list[float], steps: list[dict], window_s: float = WINDOW_S) -> str:
+    lines = ["committed tokens per second of engine time by width over the timed steps (share of the time)", "",
+             "| profile | c | tok/s | by width |", "|---|---|---|---|"]
+    for row in rows:
+        by = goodput_by_width(window_of(row, times, steps, window_s))
+        cells = " ".join(f"{k}: {g:.0f} ({share:.0%})" for k, (g, share) in by.items())
+        lines.append(f"| {row['profile']} | {row['concurrency']} | {float(row['tok_per_s_median']):.0f} | "
+                     f"{cells or '-'} |")
+    return "\n".join(lines)
+
+
 def render_by_tokens(rows: list[dict], times: list[float], steps: list[dict], bin_tokens: int,
                      window_s: float = WINDOW_S) -> str:
     lines = [f"median interval between steps (ms), by scheduled tokens in bins of {bin_tokens} (steps in brackets)",
@@ -150,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by-tokens", type=int, default=0, metavar="N",
                    help="instead: median step interval in bins of N scheduled tokens")
     p.add_argument("--min-concurrency", type=int, default=256, help="--by-tokens: points from this c up")
+    p.add_argument("--goodput", action="store_true",
+                   help="instead: committed tokens per second of engine time by width, over the timed steps")
     args = p.parse_args(argv)
     if args.by_tokens < 0:
         p.error("--by-tokens must be a positive number of tokens")
@@ -159,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, times, steps = load(args.results, args.steps, args.engine)
     if not rows:
         p.error(f"{args.results}: no {args.engine} rows")
-    if args.by_tokens:
+    if args.goodput:
+        print(render_goodput(rows, times, steps, args.window_s))
+    elif args.by_tokens:
         chosen = [r for r in rows if int(r["concurrency"]) >= args.min_concurrency]
         print(render_by_tokens(chosen, times, steps, args.by_tokens, args.window_s))
     else:

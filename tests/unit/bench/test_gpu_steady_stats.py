@@ -320,3 +320,25 @@ def test_timed_rounds_start_and_end_on_snapshots_and_chain(tmp_path):
     second, _ = timed_round(engine, load, watch, round_s=0.02, aligned=True)
     assert watch.counts[dispatch_key(M, 5, "FULL", 5)] - end_of_first == second.model_steps  # no gap between rounds
     assert second.spec["vllm:spec_decode_num_drafts"] == second.driver_steps
+
+
+@pytest.mark.parametrize(("model", "sent"), [("/models/8b-mimo", {"model": "/models/8b-mimo"}), (None, None)])
+def test_the_rows_controller_view_asks_for_the_engines_own_model(monkeypatch, model, sent) -> None:
+    """The controller keeps categories per model: a row must show the categories of the model its engine
+    serves, not the first model the controller learned (session 13's MTP rows showed the EAGLE-3 engine's)."""
+    import httpx
+
+    from bench.gpu.steady import controller_view
+
+    asked: list[tuple[str, object]] = []
+
+    def fake_request(method, url, timeout=None, params=None):
+        asked.append((url.rsplit("/v1", 1)[1], params))
+        return httpx.Response(200, json={"ok": True})
+
+    monkeypatch.setenv("SPECCTL_CONTROLLER_URL", "http://controller:1")
+    monkeypatch.setattr(httpx, "request", fake_request)
+    view = controller_view(("high", "low"), model)
+    assert view["categories"] == {"high": {"ok": True}, "low": {"ok": True}}
+    assert [a for a in asked if a[0].startswith("/categories/")] == [("/categories/high", sent),
+                                                                     ("/categories/low", sent)]

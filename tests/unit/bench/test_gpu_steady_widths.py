@@ -85,3 +85,28 @@ def test_step_intervals_are_binned_by_the_tokens_each_step_carried(tmp_path, cap
     assert "| low | 64 |" not in out  # below --min-concurrency
     with pytest.raises(SystemExit):
         sw.main([str(results), str(steps), "--by-tokens", "-1"])
+
+
+def test_goodput_by_width_counts_each_decoding_request_and_its_accepted_drafts(tmp_path, capsys):
+    def timed(t: float, width: int | None, interval: float, *, drafts: int, prefill: int = 0,
+              accepted: list[int] | None = None) -> dict:
+        out = {**step(t, width=width, prefill=prefill, batch=4, tokens=4 + drafts + prefill),
+               "draft_tokens": drafts, "interval_s": interval}
+        out["categories"] = [{"category": "low", "hists": [{"k": 2, "accepted": accepted}] if accepted else []}]
+        return out
+
+    batch = {"sent_at": 1000.0, "steps": [
+        timed(10.0, 0, 0.010, drafts=0),  # 4 requests, 1 token each
+        timed(11.0, 0, 0.010, drafts=0),
+        timed(12.0, 2, 0.020, drafts=8, accepted=[1, 2, 1]),  # 4 + (0 + 2 + 2) accepted
+        timed(13.0, None, 0.060, drafts=4, prefill=500, accepted=[2, 0, 0]),  # mixed widths, a prompt chunk
+        step(14.0, width=0),  # untimed: left out
+    ]}
+    results, steps = write(tmp_path, [row("low", 64, 1000.5)], [batch])
+    rows, times, recorded = sw.load(results, steps, "specctl")
+    by = sw.goodput_by_width(sw.window_of(rows[0], times, recorded))
+    assert by["K0"] == (pytest.approx(8 / 0.020), pytest.approx(0.2))
+    assert by["K2"] == (pytest.approx(8 / 0.020), pytest.approx(0.2))
+    assert by["mixed"] == (pytest.approx(4 / 0.060), pytest.approx(0.6))
+    assert sw.main([str(results), str(steps), "--goodput"]) == 0
+    assert "| low | 64 | 100 | K0: 400 (20%) K2: 400 (20%) mixed: 67 (60%) |" in capsys.readouterr().out
