@@ -150,3 +150,56 @@ def test_skip_at_zero_leaves_the_drafter_idle_only_on_zero_width_steps() -> None
     assert wrapped(speculator, batch) == "drafted" and calls == [3, 3]
     assert backports.skip_draft_at_zero({backports.DRAFT_AT_ZERO_ENV: "skip"})
     assert not backports.skip_draft_at_zero({})
+
+
+def test_a_count_staged_with_decode_graphs_only_gets_the_next_piecewise_graph() -> None:
+    """vLLM stages width 2 (3 tokens a request) at round_up(64, 3) = 66 with that decode graph only: a mixed batch
+    of 65 or 66 tokens (prompt chunks beside decodes) found no piecewise graph there and ran eager, where a plain
+    engine runs the piecewise graph of 80 tokens. The fix stages that graph behind the decode graphs; counts
+    that had a piecewise graph keep their lists as they were, and the shared lists vLLM stages are not mutated."""
+    pw64, pw80 = Desc("PIECEWISE", 64, None), Desc("PIECEWISE", 80, None)
+    w1_64, w2_66 = full(64, 1), full(66, 3)
+    shared = [w2_66]
+    candidates = {(65, 0): shared, (66, 0): shared, (64, 0): [w1_64, pw64], (80, 0): [pw80]}
+    capture = {"FULL": [w2_66, w1_64], "PIECEWISE": [pw80, pw64]}
+    backports.full_graphs_first(candidates, capture)
+    assert shared == [w2_66]  # vLLM's list, shared by 65 and 66, is left alone
+    for count in (65, 66):
+        assert candidates[(count, 0)] == [w2_66, pw80]
+    assert candidates[(64, 0)] == [w1_64, full(66, 3), pw64]  # the width-2 graph holding 64, then piecewise
+    assert candidates[(80, 0)] == [pw80]
+
+
+def test_dispatch_of_a_mixed_batch_finds_a_graph_at_every_staged_count() -> None:
+    """Every token count up to the largest capture size: after the fix a mixed batch (no uniform token count)
+    finds a piecewise graph wherever the plain engine's staging would, for the width set {0, 1, 2, 4, 7}."""
+
+    def compatible(d: Desc, num_tokens: int) -> bool:  # vLLM's _is_compatible for a mixed batch
+        return d.uniform_token_count is None and (d.num_reqs is None or d.num_reqs >= 1) and d.num_tokens >= num_tokens
+
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))  # the H200 engines' 51 capture sizes
+    decode_lens = [1, 2, 3, 5, 8]
+    by_count: dict[int, list] = {}
+    full_descs, pw_descs = [], []
+    for size in sizes:  # vLLM's staging, as in 0.26's _init_candidates (FULL_AND_PIECEWISE)
+        for q in decode_lens:
+            rounded = -(-size // q) * q
+            if rounded > 512 or rounded // q > 256:
+                continue
+            d = full(rounded, q)
+            if d not in full_descs:
+                full_descs.append(d)
+                by_count.setdefault(rounded, []).append(d)
+        pw = Desc("PIECEWISE", size, None)
+        pw_descs.append(pw)
+        by_count.setdefault(size, []).append(pw)
+    candidates: dict = {}
+    start = 0
+    for count in sorted(by_count):
+        for i in range(start, count + 1):
+            candidates[(i, 0)] = by_count[count]
+        start = count + 1
+    holes = [n for n in range(1, 513) if not any(compatible(d, n) for d in candidates[(n, 0)])]
+    assert len(holes) == 111  # what 0.26 leaves: decode graphs only at the off-grid counts (as read from its code)
+    backports.full_graphs_first(candidates, {"FULL": full_descs, "PIECEWISE": pw_descs})
+    assert [n for n in range(1, 513) if not any(compatible(d, n) for d in candidates[(n, 0)])] == []
