@@ -28,10 +28,11 @@ sweep --results "$SECOND" --mirror "$OUTDIR/mirror_second" --only plain --profil
 fresh_controller
 sweep --results "$SECOND" --mirror "$OUTDIR/mirror_second" --only specctl_skip --profiles low,mixed \
     --concurrency 64,256
-for drafter in mtp dflash dspark; do
-    sweep --results "$DRAFTERS" --mirror "$OUTDIR/mirror_drafters" --only "${drafter}_k4,${drafter}_specctl" \
-        --profiles mixed --concurrency 16
-done
+sweep --results "$DRAFTERS" --mirror "$OUTDIR/mirror_drafters" --only mtp_k4,mtp_specctl --profiles mixed --concurrency 16
+sweep --results "$DRAFTERS" --mirror "$OUTDIR/mirror_drafters" --only dflash_k4,dflash_specctl --profiles mixed \
+    --concurrency 16
+sweep --results "$DRAFTERS" --mirror "$OUTDIR/mirror_drafters" --only dspark_k4,dspark_specctl --profiles mixed \
+    --concurrency 16
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only k7 --profiles mixed --concurrency 64
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only k2 --profiles mixed --concurrency 256
 session_done
