@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.meter_replay": "bench.gpu.meter_replay",
     "gpu.premise": "bench.gpu.premise",
     "gpu.seed_static": "bench.gpu.seed_static",
+    "gpu.dispatch_check": "bench.gpu.dispatch_check",
 }
 
 USAGE = "usage: python -m bench <name> [args...] | python -m bench --list"
