@@ -95,7 +95,7 @@ def engine_meta(llm, engine: plan.SteadyEngine, kwargs: dict, startup_s: float, 
         },
         "engine_config": json.loads(engine.to_json()),
         "env": {k: os.environ.get(k) for k in ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_PLUGINS", "SPECCTL_BACKPORTS",
-                                               "SPECCTL_BENCH_ACCEPT")},
+                                               "SPECCTL_BENCH_ACCEPT", "SPECCTL_DRAFT_AT_ZERO")},
         "code": plan.code_digest(REPO),
         "bench_code": plan.code_digest(REPO, ("bench/gpu/*.py",)),
     }

@@ -7,6 +7,8 @@
 # there. In the order the budget answers them:
 #  1. plain and specctl_skip (fresh controller) on low and mixed at 64 and 256: does the dispatch mix now match
 #     plain's, and what is left of the K = 0 gap (`steady_widths --goodput`);
+#     Beside them the same engine pinned at K = 0 for every category (`premise-k0`, the drafter skipped): its
+#     K = 0 step against plain's with no width choice, probe or exploration in the way;
 #  2. the last drafter smoke row, dspark_specctl, beside dspark_k4 (mixed, c = 16);
 #  3. high at c = 1 and 16 (session 12: 0.96x and 0.89x K = 7, the latter a cold first point) beside K = 7, and
 #     K = 7 on mixed at 64 (the best static engine there in sessions 4-12);
@@ -21,6 +23,8 @@ fresh_controller() { rm -f "$STATE"/controller/specctl.db* 2>/dev/null || true; 
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only plain --profiles low --concurrency 64,256
 fresh_controller
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles low,mixed --concurrency 64,256
+SPECCTL_DRAFT_AT_ZERO=skip sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --premise --premise-ks 0 \
+    --premise-profile low --premise-concurrency 64,256
 sweep --results "$DRAFTERS" --mirror "$OUTDIR/mirror_drafters" --only dspark_k4,dspark_specctl --profiles mixed \
     --concurrency 16
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles high --concurrency 1,16
