@@ -108,19 +108,31 @@ EXPLORE_ROW = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
                                  step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]], steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
 
 
-def test_exploration_is_bounded_and_visits_the_least_measured_cell() -> None:
+@pytest.mark.parametrize(("curve", "model_width", "period"), [
+    # the model rates K = 4 2.57x plain: an explored step gives up most of a step, so it comes once in 837
+    (HIGH, 4, 837),
+    # the model keeps plain (no gain to give up): exploration keeps its 1 step in 50
+    (LOW, 0, 50),
+])
+def test_exploration_is_bounded_and_visits_the_least_measured_cell(curve, model_width, period) -> None:
     chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
     rig = Rig(GRAPH)
-    install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
+    install(rig, EXPLORE_ROW, json=CP(k=4, expected=curve))
     table = rig.holder.current(rig.clock())
-    chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(500)]
-    assert chosen.count(2) == 10 == chooser.explored  # 1 step in 50, on the unmeasured width
-    assert set(chosen) == {4, 2}  # E(4)/T(4) edges out E(7)/T(7) on this row
+    chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(2000)]
+    assert chooser._explore_period() == period
+    assert chosen.count(2) == chooser.explored == 2000 // period  # on the unmeasured width, once a period
+    assert set(chosen) == {model_width, 2}  # on HIGH E(4)/T(4) edges out E(7)/T(7) on this row
+    gain = chooser._model_gain
+    # the share of goodput exploration gives up: under PROBE_GAIN_UNIT / explore_every at any gain
+    assert chooser.explored / len(chosen) * gain / (1 + gain) <= widths_module.PROBE_GAIN_UNIT / 50
 
 
-def test_steps_that_cannot_be_measured_neither_explore_nor_count() -> None:
+def test_steps_that_cannot_be_measured_neither_explore_nor_count(monkeypatch) -> None:
     """A step carrying a prompt does not enter the cell table: exploring there costs a step and measures
-    nothing, so only measurable steps count toward the 1-in-50 and explore."""
+    nothing, so only measurable steps count toward the 1-in-50 and explore (the period held at 50 whatever the
+    model's gain)."""
+    monkeypatch.setattr(widths_module, "PROBE_GAIN_UNIT", float("inf"))
     chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=50, explore_below=100.0)
     rig = Rig(GRAPH)
     install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
@@ -132,7 +144,8 @@ def test_steps_that_cannot_be_measured_neither_explore_nor_count() -> None:
 
 
 @pytest.mark.parametrize(("joins_every_step", "explored"), [(False, True), (True, False)])
-def test_the_hook_explores_only_after_decode_only_steps(joins_every_step: bool, explored: bool) -> None:
+def test_the_hook_explores_only_after_decode_only_steps(monkeypatch, joins_every_step: bool, explored: bool) -> None:
+    monkeypatch.setattr(widths_module, "PROBE_GAIN_UNIT", float("inf"))  # explore once in 50, whatever the gain
     rig = Rig(GRAPH, correct={"json": 7})
     install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
     for i in range(4):
