@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-capture", type=int, default=512)
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args(argv)
+    if args.max_num_seqs < 1 or args.max_capture < 1 or not 1 <= args.k_max <= 32:
+        p.error("--max-num-seqs and --max-capture must be positive, --k-max between 1 and 32")
     try:
         import vllm
         import vllm.v1.worker.gpu.cudagraph_utils as cu

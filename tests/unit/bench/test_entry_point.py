@@ -107,3 +107,12 @@ def test_the_sys_path_check_sees_an_edit():
     assert _edits_sys_path(ast.parse("import site\nsite.addsitedir('x')"))
     assert _edits_sys_path(ast.parse("from sys import path\npath.append('x')"))
     assert not _edits_sys_path(ast.parse("import sys\nprint(sys.path)"))
+
+
+@pytest.mark.parametrize("argv", [["--max-num-seqs", "0"], ["--k-max", "0"], ["--max-capture", "-4"]])
+def test_dispatch_check_refuses_sizes_it_cannot_build(argv, capsys) -> None:
+    from bench.gpu import dispatch_check
+
+    with pytest.raises(SystemExit) as refused:
+        dispatch_check.main(argv)
+    assert refused.value.code == 2 and "must be positive" in capsys.readouterr().err
