@@ -87,7 +87,8 @@ KEYS_SLACK = 64
 #: period where the hook alone overran the budget is forgotten after a while.
 CF_CREDIT_CAP_NS = 20_000_000
 #: Graph-shaped steps between two passes over the batch's requests (1 = a pass every step). Between passes a
-#: step reuses the last pass's requests per category, plus the requests admitted in that step. One pass over a
+#: step reuses the last pass's requests per category, plus the requests admitted since and less those vLLM
+#: reports finished. One pass over a
 #: cache-cold batch cost 0.23 ms a step at 256 requests on the H200 host (session 12's overhead line: "before
 #: 229" of the hook's 404 µs a step), while the mix of a steady batch moves by the few requests that finish in a
 #: step. Drafts need no pass to reach the width under async scheduling: vLLM sizes each request's placeholder
@@ -118,6 +119,7 @@ _state_of_request = attrgetter(STATE_ATTR)
 _generation_of_state = attrgetter("gen")
 _category_of_state = attrgetter("category")
 _drafts_of_request = attrgetter("spec_token_ids")
+_id_of_request = attrgetter("request_id")
 
 
 def _pad_to_width(running: Iterable[Any], width: int) -> None:
@@ -317,6 +319,9 @@ class SpecHook:
         #: graph-shaped: the last batch pass's requests per category, the table generation and batch size it
         #: saw, and how many more steps may reuse it (BATCH_PASS_EVERY)
         self._pass_mix: dict[str, int] = {}
+        #: request id -> category of the requests the last pass counted, and of those admitted since: the
+        #: steps between passes add what they admit and take away what vLLM reports finished
+        self._pass_members: dict[str, str] = {}
         self._pass_generation = -1
         self._pass_batch = 0
         self._pass_reuses_left = 0
@@ -439,10 +444,13 @@ class SpecHook:
                 # drafts sized from the width the patch set: the next steps may skip the pass. (Drafts a
                 # synchronous engine hands back may differ in length per request: there every step passes.)
                 self._pass_reuses_left = BATCH_PASS_EVERY - 1
-            step.mix = dict(Counter(map(_category_of_state, states)))
+            categories = list(map(_category_of_state, states))
+            step.mix = dict(Counter(categories))
             self._pass_mix = dict(step.mix)
+            self._pass_members = dict(zip(map(_id_of_request, running), categories))
             return
         mix: dict[str, int] = {}
+        members: dict[str, str] = {}
         count = mix.get
         for request in running:
             state = getattr(request, STATE_ATTR, None)
@@ -450,9 +458,27 @@ class SpecHook:
                 state = self.state_of(request, table)
             category = state.category
             mix[category] = count(category, 0) + 1
+            members[request.request_id] = category
         _pad_to_width(running, width)
         step.mix = mix
         self._pass_mix = dict(mix)
+        self._pass_members = members
+
+    def _admitted(self, request_id: str, category: str) -> None:
+        """A request the step admits joins the counts the steps up to the next pass reuse."""
+        if request_id not in self._pass_members:
+            self._pass_members[request_id] = category
+            self._pass_mix[category] = self._pass_mix.get(category, 0) + 1
+
+    def _departed(self, request_id: str) -> None:
+        """A request vLLM reports finished leaves those counts (once: only a counted request)."""
+        category = self._pass_members.pop(request_id, None)
+        if category is not None:
+            left = self._pass_mix.get(category, 0) - 1
+            if left > 0:
+                self._pass_mix[category] = left
+            else:
+                self._pass_mix.pop(category, None)
 
     def _draft_model_free(self, request: Any, state: RequestState, k: int) -> int:
         """Replace the request's drafts by the patch's own proposal; returns the ns it took."""
@@ -546,6 +572,9 @@ class SpecHook:
                 if request is not None:
                     category = self.state_of(request, table).category
                     mix[category] = mix.get(category, 0) + 1
+                    self._admitted(new.req_id, category)
+            for rid in getattr(output, "finished_req_ids", None) or ():
+                self._departed(rid)
             scheduled = output.num_scheduled_tokens
             batch = len(scheduled)
             # A decode-only step schedules at most 1 + width tokens per request; more means a prompt chunk.

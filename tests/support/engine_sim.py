@@ -56,6 +56,8 @@ class SimOutput:
     scheduled_new_reqs: list[Any]
     num_spec_tokens_to_schedule: int
     num_invalid_spec_tokens: dict[str, int] | None = None
+    #: requests that finished since the previous step was scheduled (vLLM's ``finished_req_ids``)
+    finished_req_ids: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class SimEngine:
         self.running: list[Any] = []
         self.waiting: list[Any] = []
         self.last_output: SimOutput | None = None
+        self._finished: set[str] = set()  # finished since the last schedule (the next output reports them)
 
     def add(self, request: Any) -> None:
         self.requests[request.request_id] = request
@@ -134,7 +137,9 @@ class SimEngine:
         if self.invalid is not None:
             invalid = {rid: n for rid, s in spec_sched.items() if (n := self.invalid(rid, s))}
         output = SimOutput(num_sched, spec_sched, sum(num_sched.values()),
-                           [SimpleNamespace(req_id=r.request_id) for r in new], self.k_engine, invalid)
+                           [SimpleNamespace(req_id=r.request_id) for r in new], self.k_engine, invalid,
+                           finished_req_ids=self._finished)
+        self._finished = set()
         hook.after_schedule(output, self.requests)
         if self.execute is not None:
             self.execute(output)
@@ -173,6 +178,7 @@ class SimEngine:
                 r.finished = True
         live = {rid: r for rid, r in self.requests.items() if not r.is_finished()}  # vLLM frees finished ones
         hook.finish(output, live)
+        self._finished |= {r.request_id for r in self.running if r.is_finished()}
         self.running = [r for r in self.running if not r.is_finished()]
         if self.drafter is not None:
             for r in self.running:

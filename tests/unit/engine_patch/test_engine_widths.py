@@ -833,3 +833,20 @@ def test_a_reused_step_counts_the_requests_it_admits(monkeypatch) -> None:
     rig.add("new", "code", max_tokens=2000)
     widths_seen(rig, 1)
     assert mixes[-1] == {"json": 8, "prose": 8, "code": 1}
+
+
+def test_steps_between_passes_never_report_more_requests_than_they_ran() -> None:
+    """Requests finish and join between two passes: the reused counts may hold departed requests, but a step's
+    telemetry counts each of its requests once, per category, never more than its batch."""
+    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(24):
+        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=8 + 3 * i)  # finishing at different steps
+    for step in range(60):
+        if step % 3 == 0:
+            rig.add(f"n{step}", ("json", "prose")[step % 2], max_tokens=30)
+        rig.sim.step()
+    rows = rig.queue.drain(1000)
+    assert len(rows) >= 50
+    for row in rows:
+        assert sum(e.requests for e in row.agg.values()) == row.batch_size
