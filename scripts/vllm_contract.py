@@ -494,7 +494,8 @@ CHECKS: tuple[Check, ...] = (
     Check("AsyncScheduler._update_after_schedule(self, scheduler_output)", "mixin runs before it in the MRO",
           has_method(ASYNC, "AsyncScheduler", "_update_after_schedule", ("self", "scheduler_output"))),
     Check("AsyncScheduler sizes placeholders from num_spec_tokens_to_schedule",
-          "hook.after_schedule sets the depth before the async placeholders are sized",
+          "hook.after_schedule sets the depth before the async placeholders are sized (so graph-shaped steps "
+          "skip the batch pass between passes)",
           in_method(ASYNC, "AsyncScheduler", "_update_after_schedule", "read of num_spec_tokens_to_schedule",
                     reads("scheduler_output.num_spec_tokens_to_schedule"))),
     Check("AsyncScheduler assigns request.spec_token_ids a shared placeholder list",
@@ -549,6 +550,7 @@ CHECKS: tuple[Check, ...] = (
         ("num_invalid_spec_tokens", "hook.observe: grammar-invalid drafts"),
         ("num_spec_tokens_to_schedule", "hook.after_schedule: the batch drafting depth"),
         ("scheduled_new_reqs", "hook.after_schedule: requests admitted this step"),
+        ("finished_req_ids", "hook.after_schedule: requests that leave the counts reused between batch passes"),
     )),
     Check("NewRequestData.req_id", "hook.after_schedule", has_member(OUTPUT, "NewRequestData", "req_id")),
     # update_from_output's arithmetic the hook mirrors.
