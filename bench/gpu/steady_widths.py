@@ -12,8 +12,8 @@ apart). Per point it prints:
 * mean requests per step and mean scheduled tokens per step (the budget bound shows as a flat maximum).
 
 With ``--goodput`` it prints instead, per point, the tokens each width committed per second of engine time over
-the window's timed steps (a step's committed tokens: one per decoding request plus its accepted drafts, from the
-step's counts; its time: ``interval_s``) and that width's share of the time; ``mixed`` is the steps whose
+the window's timed steps (a step's committed tokens as the engine counts them: one per request plus its accepted
+drafts, ``budget_sample``; its time: ``interval_s``) and that width's share of the time; ``mixed`` is the steps whose
 requests did not all verify one width (prompt chunks beside drafted requests). Beside a plain engine's rows this
 says what the speculative engine's K = 0 steps cost against plain decoding.
 
@@ -37,6 +37,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from specctl_vllm.controller.core.model.budget import budget_sample
+from specctl_vllm.controller.protocol import StepRecord
 
 #: Seconds before a row's time that hold its timed rounds: 3 rounds of 5 s and the gaps between them.
 WINDOW_S = 16.0
@@ -136,12 +139,9 @@ def interval_by_tokens(window: Iterable[dict], bin_tokens: int) -> dict[int, tup
 
 
 def committed_tokens(step: dict) -> int:
-    """Tokens a recorded step committed: one per decoding request (its scheduled tokens less prompt and draft
-    tokens) plus every accepted draft in its per-category counts."""
-    accepted = sum(j * n for cat in step.get("categories") or () for h in cat.get("hists") or ()
-                   for j, n in enumerate(h.get("accepted") or ()))
-    decoding = int(step.get("scheduled_tokens", 0)) - int(step.get("prefill_tokens", 0)) - int(step.get("draft_tokens", 0))
-    return max(decoding, 0) + accepted
+    """Tokens a recorded step committed, as the engine counts them (one per request plus every accepted draft:
+    :func:`~specctl_vllm.controller.core.model.budget.budget_sample`, the count the engine's meters use)."""
+    return budget_sample(StepRecord.model_validate(step))[2]
 
 
 def goodput_by_width(window: Iterable[dict]) -> dict[str, tuple[float, float]]:

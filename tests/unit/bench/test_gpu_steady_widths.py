@@ -89,10 +89,11 @@ def test_step_intervals_are_binned_by_the_tokens_each_step_carried(tmp_path, cap
 
 def test_goodput_by_width_counts_each_decoding_request_and_its_accepted_drafts(tmp_path, capsys):
     def timed(t: float, width: int | None, interval: float, *, drafts: int, prefill: int = 0,
-              accepted: list[int] | None = None) -> dict:
+              accepted: list[int] | None = None) -> dict:  # 4 requests; a step commits one token each + accepted
         out = {**step(t, width=width, prefill=prefill, batch=4, tokens=4 + drafts + prefill),
-               "draft_tokens": drafts, "interval_s": interval}
-        out["categories"] = [{"category": "low", "hists": [{"k": 2, "accepted": accepted}] if accepted else []}]
+               "draft_tokens": drafts, "interval_s": interval, "wall_s": interval}
+        out["categories"] = [{"category": "low", "method": "eagle3", "requests": 4,
+                              "hists": [{"k": 2, "accepted": accepted}] if accepted else []}]
         return out
 
     batch = {"sent_at": 1000.0, "steps": [
