@@ -20,7 +20,6 @@ source "$(dirname "$0")/prelude.sh"
 FIRST="$OUTDIR/h200_steady_spread_s13.jsonl"
 SECOND="$OUTDIR/h200_steady_spread_s13_second.jsonl"
 DRAFTERS="$OUTDIR/h200_steady_drafters_s13.jsonl"
-fresh_controller() { rm -f "$STATE"/controller/specctl.db* 2>/dev/null || true; }  # the sweep restores it otherwise
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only plain --profiles low --concurrency 64,256
 fresh_controller
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles low,mixed --concurrency 64,256
