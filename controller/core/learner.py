@@ -144,7 +144,9 @@ class ModelState:
         self.categories: dict[str, CategoryState] = {}
         self.overflow_steps = 0
         self.dropped_methods = 0
-        self.charged_k = 0  # largest k_max of an engine of this model: what the series budget was charged at
+        #: largest k_max (or histogram k, if larger) of a batch of this model: what the series budget was charged
+        #: at, and the most positions its metrics export
+        self.charged_k = 0
         self.last_seen: float | None = None
         self.load_skipped: list[str] = []  # categories a snapshot held that did not validate
         self.mix = Mix()

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client.parser import text_string_to_metric_families
@@ -231,3 +231,45 @@ class Pipeline(RuleBasedStateMachine):
 Pipeline.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
                                       suppress_health_check=list(HealthCheck))
 TestPipeline = Pipeline.TestCase
+
+
+def _replay_batch(engine: str, spec_method: str, k_max: int, categories: list[str], seq: int = 0) -> dict:
+    method = spec_method if k_max else "off"
+    cats = [{"category": c, "method": method, "requests": 2,
+             "hists": [{"k": k_max, "accepted": [1] + [0] * (k_max - 1) + [1]}] if k_max else []} for c in categories]
+    step = {"t": 1.0, "wall_s": 0.01, "batch_size": 2 * len(cats), "scheduled_tokens": 2 * len(cats) * (1 + k_max),
+            "draft_tokens": 2 * len(cats) * k_max, "prefill_tokens": 0, "draft_depth": k_max, "categories": cats}
+    return {"protocol": 1, "engine_id": engine, "boot_id": "boot-a", "model_name": "org/model-c", "seq": seq,
+            "sent_at": 0.0, "dropped_steps": 0, "policy_version": None, "steps": [step],
+            "spec": {"method": spec_method, "k_max": k_max, "model_free_methods": ["ngram", "suffix"],
+                     "full_cuda_graphs": False}}
+
+
+@settings(max_examples=1, deadline=None, database=None)
+@given(st.none())  # inside a Hypothesis test: the rules record events
+def test_replay_a_forgotten_model_brought_back_at_a_smaller_k(_):
+    """The failing sequence the fuzzer found once (exported 200 > charged 150), replayed rule by rule on fake
+    time that never moves: an engine at k_max 32 outlives its forgotten model, which engines at k_max 1 and
+    'off' bring back; the stale engine ties for the model's most recently seen one and its K was exported."""
+    m = Pipeline()
+    try:
+        def step(rule, *args):
+            rule(*args)
+            m.nothing_answers_5xx()
+            m.series_stay_under_the_budget()
+            m.state_round_trips_through_the_snapshot()
+
+        step(m.post_valid, _replay_batch("engine-2", "eagle3", 32, ["code", "json"]))
+        step(m.forget, {"engine": "engine-0"})
+        step(m.forget, {"model": "org/model-c"})
+        step(m.forget, {"model": "org/model-c"})
+        for category, k in (("structured", 15), ("tool_call", 32), ("code", 20), ("x-1", 31)):
+            step(m.set_override, category, k, None)
+        step(m.restart, True)
+        step(m.restart, False)
+        step(m.post_valid, _replay_batch("engine-7", "eagle3", 1, ["code"]))
+        step(m.restart, False)
+        step(m.restart, False)
+        step(m.post_many_steps, _replay_batch("engine-4", "off", 0, ["default", "tool_call", "x-1"]), 1_000)
+    finally:
+        m.teardown()

@@ -54,6 +54,8 @@ class Admission:
     digest: BatchDigest
     gap_delta: int
     cost: int
+    #: the proposal length the model is charged at after this batch (:func:`charged_k`)
+    k: int
     #: a graph-shaped engine's steps-per-width series are charged with this batch (they fit the budget)
     charge_widths: bool = False
 
@@ -93,6 +95,13 @@ def validate(batch: TelemetryBatch, book: EngineBook | None, engines: int, model
         if requests > step.batch_size:
             raise IngestRejected(f"step {i}: categories hold {requests} requests, batch_size is "
                                  f"{step.batch_size}")
+
+
+def charged_k(digest: BatchDigest, k_max: int) -> int:
+    """The proposal length a batch must be charged at: the engine's k_max, or the largest k of its histograms
+    if larger (counterfactual ones are scored at the patch's own k, which the protocol does not bound by k_max,
+    and the metrics export a position for each k an estimator learned)."""
+    return max(k_max, max((k for per_k in digest.hists.values() for k in per_k), default=0))
 
 
 def charge(ms: ModelState, digest: BatchDigest, k_max: int) -> int:
@@ -144,12 +153,12 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
     digest = ms.digest(batch, cap)
     extra = (0 if batch.engine_id in engines else engine_series(batch.engine_id, batch.model_name)) + (
         math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
-    cost = extra + charge(ms, digest, batch.spec.k_max)
+    cost = extra + charge(ms, digest, charged_k(digest, batch.spec.k_max))
     limit = config.budget.max_series
     if cost and series + cost > limit:
         # the budget is full: new category names pool into the overflow category, as beyond the cap
         digest = ms.digest(batch, min(cap, len(ms.categories)))
-        cost = extra + charge(ms, digest, batch.spec.k_max)
+        cost = extra + charge(ms, digest, charged_k(digest, batch.spec.k_max))
         if series + cost > limit:
             raise IngestRejected(
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
@@ -161,14 +170,15 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
         cost += width_series(batch.engine_id)
     else:
         widths = False
-    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost, charge_widths=widths)
+    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost,
+                     k=charged_k(digest, batch.spec.k_max), charge_widths=widths)
 
 
 def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig) -> IngestResult:
     """Learn from an admitted batch: the model's state and the engine's bookkeeping (the caller stores a new
     book or model state and charges the series)."""
     ms, book, digest = admitted.state, admitted.book, admitted.digest
-    ms.charged_k = max(ms.charged_k, batch.spec.k_max)
+    ms.charged_k = max(ms.charged_k, admitted.k)
     ms.apply(digest, now, config.learner, book.mix)
     book.record(batch.boot_id, batch.seq, admitted.gap_delta, batch.dropped_steps)
     book.model = batch.model_name

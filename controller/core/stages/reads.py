@@ -219,7 +219,10 @@ def model_metrics(ms: ModelState, engines: Mapping[str, EngineBook], eff: Effect
 def category_metrics(ms: ModelState, name: str, st: CategoryState, ests: Mapping[str, AcceptanceEstimator],
                      lengths: list[int], accepted: int, eff: Effective | None, active: Mapping[str, Override],
                      cfg: BrainConfig) -> CategoryMetrics:
-    k_view = eff.spec.k_max if eff else 0
+    # the viewed engine's k_max, but never above the K the model is charged at: that engine may have posted
+    # to a model state since forgotten (the new one charged only at its own engines' k_max), or come from a
+    # snapshot written while it raised its k_max; its positions would export series nothing paid for
+    k_view = min(eff.spec.k_max, ms.charged_k) if eff else 0
     top = max(max((i for i, v in enumerate(lengths) if v), default=0), k_view)
     first = primary(ests)
     ent = entropy(ests, cfg)
