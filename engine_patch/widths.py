@@ -51,6 +51,7 @@ from specctl_vllm.controller.core.model.widths import (
     COLD_BETA,
     TokenBudget,
     choose_width,
+    committed_per_step,
     geometric_lengths,
     steady_regime,
 )
@@ -128,6 +129,10 @@ class WidthChooser:
         # buckets where the check holds the model's drafting width off: the model's own exploration pauses there
         self._held_off: set[int] = set()
         self._model_gain = 0.0  # value(K*) / value(0) - 1 of the model's last computed width
+        # of the last computed width's mix: E(K) per request by width (filled on demand), and the share of its
+        # requests of categories this engine has not seen draft (the measured check's ``unseen``)
+        self._expected: dict[int, float] = {}
+        self._unseen = 0.0
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -193,11 +198,26 @@ class WidthChooser:
         reuse = (table.generation, bucket, budget is None)
         if not self._still_valid(reuse, mix):
             choice = choose_width(mix, self._curves_for(mix, table), self.widths, step_s, steps, budget=budget)
-            self._decided = (reuse, self._shares(mix), choice.width)
+            shares = self._shares(mix)
+            self._decided = (reuse, shares, choice.width)
             self._decided_age = 0
             self._model_gain = choice.value / choice.plain_value - 1.0 if choice.plain_value > 0 else 0.0
+            self._expected = {}
+            self._unseen = sum(share for category, share in shares.items() if category not in self._fast)
         self.width = self._checked(self._decided[2], batch, bucket)
         return self.width
+
+    def expected_at(self, width: int) -> float | None:
+        """The committed tokens per request a step at ``width`` is expected to bring, for the mix of the last
+        computed width (None before one): what the measured check's cells are observed with and read for."""
+        if width <= 0:
+            return 1.0
+        got = self._expected.get(width)
+        if got is None:
+            if self._decided is None:
+                return None
+            got = self._expected[width] = committed_per_step(self._decided[1], self._curves, width)
+        return got
 
     def _explore_period(self) -> int:
         """Measurable steps between two explorations of the cells: ``explore_every``, longer the more the model
@@ -232,7 +252,8 @@ class WidthChooser:
         if model_width <= 0 or not meter.timing:
             self._held_off.discard(bucket)
             return model_width
-        plain, drafting = meter.reading(batch, 0), meter.reading(batch, model_width)
+        # the drafting width's goodput for today's mix (its cell's steps may have been taken on other traffic)
+        plain, drafting = meter.reading(batch, 0), meter.reading(batch, model_width, self.expected_at(model_width))
         v = self.verdict = verdict(model_width, plain, drafting)
         if v.width == 0:
             # The model's exploration calibrates the widths it would run; while measurement holds them off, its
@@ -241,7 +262,7 @@ class WidthChooser:
             self._held_off.add(bucket)
         else:
             self._held_off.discard(bucket)
-        due = probe_due(v, plain, drafting, model_width)
+        due = probe_due(v, plain, drafting, model_width, unseen=self._unseen)
         if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self._gap(v, due):
             self._since_probe[bucket] = 0
             self.probes += 1

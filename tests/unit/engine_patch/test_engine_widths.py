@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import ClassVar
 
@@ -10,6 +11,7 @@ import pytest
 from engine_rig import Rig
 
 from specctl_vllm.controller import protocol
+from specctl_vllm.controller.core.model import measured as measured_module
 from specctl_vllm.controller.core.model.widths import PRIOR_PASS_S, geometric_lengths
 from specctl_vllm.engine_patch import widths as widths_module
 from specctl_vllm.engine_patch.policy_table import EngineSpec
@@ -651,12 +653,33 @@ class PromptEngine:
         return committed / (self.DECODE_S[k] + self.PROMPT_S[k] * min(committed / 128, 1.0))
 
 
-def run_prompted(chooser: WidthChooser, table, steps: int, engine: PromptEngine, category: str) -> tuple[list[int], float]:
+def drafted(mix: dict[str, int], k: int, beta: dict[str, float], rng: np.random.Generator) -> dict:
+    """A step's per-category histograms as the hook aggregates them: each request drafted ``k`` and accepted a
+    geometric prefix of them at its category's acceptance."""
+    agg = {}
+    for category, n in mix.items():
+        if k <= 0 or n <= 0:
+            continue
+        entry = agg[(category, "eagle3")] = new_entry()
+        entry.requests = n
+        accepted = np.minimum(rng.geometric(1.0 - beta[category], n) - 1, k)
+        entry.hists[k] = np.bincount(accepted, minlength=k + 1).tolist()
+    return agg
+
+
+def run_prompted(chooser: WidthChooser, table, steps: int, engine: PromptEngine, category: str,
+                 beta: float | None = None) -> tuple[list[int], float]:
+    """``steps`` steps of ``engine`` under ``chooser``, fed as the hook feeds it: the drafts' histograms and
+    the measured check's step (with what the width rule expected of it); the chosen widths and the goodput of
+    the second half."""
     chosen, committed, seconds = [], 0, 0.0
+    rng = np.random.default_rng(0)
+    beta = beta if beta is not None else engine.curve[1] - 1.0
     for i in range(steps):
         k = chooser.choose({category: 64}, table, 64)
         c, s = engine.step(k)
-        chooser.measured.observe(64, k, c, s)
+        chooser.observe(drafted({category: 64}, k, {category: beta}, rng))
+        chooser.measured.observe(64, k, c, s, chooser.expected_at(k))
         chosen.append(k)
         if i >= steps // 2:
             committed, seconds = committed + c, seconds + s
@@ -748,6 +771,26 @@ def test_steps_that_mostly_run_prompt_chunks_stay_out_of_the_measured_check() ->
     steps(5)
     assert meter.clock == before + 5
 
+
+
+def test_the_hook_measures_each_step_with_what_the_width_rule_expected_of_it() -> None:
+    """The engine's measured check is fed each step's expected committed tokens per request at the width it
+    verified: E(K) of the curve the width rule priced it with (JSON's, blended with what the engine saw), 1
+    at K = 0."""
+    rig = Rig(GRAPH, correct={"json": 7})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    rig.add("a", "json", max_tokens=400)
+    for _ in range(40):
+        rig.clock.t += 0.01
+        rig.sim.step()
+    meter, chooser = rig.hook.widths.measured, rig.hook.widths
+    width = chooser.width
+    assert width == 7
+    got = meter.reading(1, width)
+    assert got.steps > 0
+    assert got.expected == pytest.approx(chooser.expected_at(width), rel=0.05)
+    assert 1.0 < got.expected <= 8.0
+    assert chooser.expected_at(0) == 1.0
 
 def _count_batch_passes(monkeypatch) -> list[int]:
     """Steps (by their number in the run) whose before_schedule passed over the batch's requests."""
@@ -850,3 +893,62 @@ def test_steps_between_passes_never_report_more_requests_than_they_ran() -> None
     assert len(rows) >= 50
     for row in rows:
         assert sum(e.requests for e in row.agg.values()) == row.batch_size
+
+
+def run_shift(chooser: WidthChooser, table, before: int, after: int) -> tuple[list[int], float, float]:
+    """At least ``before`` steps of prose (beta 0.45: plain decoding wins, the check refutes the model's K = 4),
+    up to a probe run that refutes it again on fresh evidence; then ``after`` steps of JSON (beta 0.85: K = 4
+    commits 30 % more than plain): the widths after the shift, their goodput and K = 4's steady goodput."""
+    prose = PromptEngine(list(geometric_lengths(0.45, 7)), np.random.default_rng(5))
+    json_ = PromptEngine(list(geometric_lengths(0.85, 7)), np.random.default_rng(6))
+    rng = np.random.default_rng(7)
+
+    def step(engine: PromptEngine, category: str, beta: float) -> tuple[int, int, float]:
+        k = chooser.choose({category: 64}, table, 64)
+        c, s = engine.step(k)
+        chooser.observe(drafted({category: 64}, k, {category: beta}, rng))
+        chooser.measured.observe(64, k, c, s, chooser.expected_at(k))
+        return k, c, s
+
+    i = 0
+    while i < before or chooser.measured.reading(64, 4).steps < 50 or chooser.verdict.state != "refuted":
+        step(prose, "prose", 0.45)
+        i += 1
+        assert i < 20 * before
+    chosen, committed, seconds = [], 0, 0.0
+    for _ in range(after):
+        k, c, s = step(json_, "json", 0.85)
+        chosen.append(k)
+        committed, seconds = committed + c, seconds + s
+    return chosen, committed / seconds, json_.steady_goodput(4)
+
+
+#: decode-only cells that rate K = 4 the best width for prose and for JSON alike (the engine's steps cost what
+#: PromptEngine says): the width the check refuted on prose is the one the model picks for JSON
+K4_CHEAP = [6.0, 30.0, 30.0, 7.0, 40.0]
+
+
+@pytest.mark.parametrize("json_known", [True, False])
+def test_a_width_refuted_on_one_traffic_is_looked_at_again_when_the_traffic_changes(
+        json_known: bool, monkeypatch) -> None:
+    """A drafting width refuted on prose holds plain decoding; when the traffic turns to JSON the check reads
+    the width's measured cost with JSON's acceptance (its curve known to the controller), or probes it at once
+    (JSON new to the engine: nothing drafted it yet), so drafting resumes within a probe gap. With neither,
+    as on the H200 in session 14, the refuted evidence has to fade first."""
+    rig = Rig(GRAPH)
+    install(rig, cells(K4_CHEAP), prose=CP(k=4, expected=list(geometric_lengths(0.45, 7))),
+            **({"json": CP(k=4, expected=list(geometric_lengths(0.85, 7)))} if json_known else {}))
+    table = rig.holder.current(rig.clock())
+    chosen, goodput, k4 = run_shift(WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0), table, 4000, 1500)
+    assert sum(1 for k in chosen[:200] if k) >= 180  # drafting again within the first probe
+    assert goodput >= 0.97 * k4
+    # the same engine reading the cells as measured and ignoring what it has not seen
+    monkeypatch.setattr(WidthChooser, "expected_at", lambda self, width: None)
+    monkeypatch.setattr(widths_module, "probe_due", functools.partial(measured_module.probe_due, unseen=0.0))
+    rig = Rig(GRAPH)
+    install(rig, cells(K4_CHEAP), prose=CP(k=4, expected=list(geometric_lengths(0.45, 7))),
+            **({"json": CP(k=4, expected=list(geometric_lengths(0.85, 7)))} if json_known else {}))
+    stale, stale_goodput, _ = run_shift(WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0),
+                                    rig.holder.current(rig.clock()), 4000, 1500)
+    assert sum(1 for k in stale if k) < 0.7 * len(stale)  # plain decoding until the prose evidence fades
+    assert stale_goodput < 0.97 * goodput

@@ -104,6 +104,45 @@ def test_probe_due(model, plain, drafting, due) -> None:
     assert probe_due(verdict(model, plain, drafting), plain, drafting, model) == due
 
 
+@pytest.mark.parametrize(("plain", "drafting", "unseen", "due"), [
+    (m(100, steps=900), m(85, steps=100), 0.19, None),  # refuted on fresh evidence, the traffic it saw
+    (m(100, steps=900), m(85, steps=100), 0.2, 4),  # a fifth of the batch of categories no draft measured
+    (m(100, steps=900), m(102, steps=300), 0.5, 4),  # undecided, decided on other traffic
+    (m(100, steps=20), m(150, steps=900), 1.0, None),  # confirmed: it drafts, and so measures them
+    (NOTHING, m(200), 1.0, 0),  # unmeasured: K = 0 is what lacks evidence
+])
+def test_a_verdict_taken_without_part_of_the_traffic_is_probed_again(plain, drafting, unseen, due) -> None:
+    assert probe_due(verdict(4, plain, drafting), plain, drafting, 4, unseen=unseen) == due
+
+
+@pytest.mark.parametrize(("then", "now", "goodput"), [
+    (None, None, 6400.0),  # no expectation either side: as measured
+    (2.0, None, 6400.0),
+    (None, 3.0, 6400.0),  # measured without one: nothing to scale from
+    (2.0, 2.0, 6400.0),
+    (2.0, 3.0, 9600.0),  # the same cost buys 1.5x the tokens on today's traffic
+    (2.0, 1.0, 3200.0),
+    (2.0, math.nan, 6400.0),  # impossible expectations are ignored
+    (2.0, 0.0, 6400.0),
+    (math.inf, 3.0, 6400.0),
+])
+def test_a_reading_scales_the_measured_goodput_to_today_s_expected_acceptance(then, now, goodput) -> None:
+    meter = GoodputMeter(settle=0)
+    for _ in range(10):
+        meter.observe(64, 2, 64, 0.010, then)
+    r = meter.reading(64, 2, now)
+    assert r.goodput == pytest.approx(goodput)
+    assert r.steps == pytest.approx(10 * 0.999 ** 0, rel=0.01)
+    assert r.expected == (pytest.approx(then) if then is not None and math.isfinite(then) else 0.0)
+
+
+def test_the_expectation_behind_a_cell_is_the_decayed_mean_of_its_steps() -> None:
+    meter = GoodputMeter(settle=0, decay=0.5)
+    meter.observe(64, 2, 128, 0.010, 2.0)
+    meter.observe(64, 2, 192, 0.010, 3.0)  # the older step weighs half
+    assert meter.reading(64, 2).expected == pytest.approx((0.5 * 2.0 + 3.0) / 1.5)
+
+
 def test_widths_and_batches_of_any_size_keep_the_table_bounded() -> None:
     meter = GoodputMeter(settle=0)
     for width in range(0, 5000, 7):
