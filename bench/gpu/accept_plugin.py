@@ -224,6 +224,10 @@ class AcceptanceMask:
         """Device tensor of per-logit keep probabilities, or None when this batch needs no masking."""
         import torch
 
+        if int(input_batch.cu_num_logits_np[-1]) <= len(input_batch.req_ids):
+            # one logit a request: nothing drafted (a K = 0 step). Answered in O(1), so the mask's per-request
+            # work is not charged to a speculative engine's K = 0 steps, which a plain engine never pays
+            return None
         tables = self.tables_for(sampler)
         if not tables:
             return None

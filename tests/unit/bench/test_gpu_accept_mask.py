@@ -111,6 +111,19 @@ def test_unknown_or_uncategorised_requests_are_left_alone():
     assert AcceptanceMask({"low": BETA_LOW}).keep_probs(sampler, batch) is None
 
 
+def test_a_step_without_drafts_is_answered_before_any_per_request_work():
+    """A K = 0 step of a speculative engine: one logit a request. The mask returns at once, without reading
+    a request's category or building the batch's table (the stock sampler runs, as on a plain engine)."""
+    batch = fake_batch(["low-1", "high-2", "low-3"], [0, 0, 0])
+    mask = AcceptanceMask({"low": BETA_LOW, "high": BETA_HIGH})
+    sampler = SimpleNamespace(synthetic_conditional_rates=torch.tensor([BETA_HIGH] * 3))
+    assert mask.keep_probs(sampler, batch) is None
+    assert mask.categories == {} and mask.tables == {}
+    drafted = fake_batch(["low-1", "high-2", "low-3"], [2, 0, 0])
+    assert mask.keep_probs(sampler, drafted) is not None  # one request drafted: the table is built
+    assert set(mask.categories) == {"low-1", "high-2", "low-3"}
+
+
 def test_non_synthetic_sampler_is_left_alone():
     batch = fake_batch(["low-1"], [3])
     assert AcceptanceMask({"low": BETA_LOW}).keep_probs(SimpleNamespace(synthetic_conditional_rates=None), batch) \
