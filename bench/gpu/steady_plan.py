@@ -130,7 +130,15 @@ def optional_engines() -> list[SteadyEngine]:
     ``specctl_skip``: K = 0 steps skip the drafter, so they cost what plain decoding costs, and the drafter's
     KV cache misses the positions decoded at K = 0 (docs/engine.md)."""
     return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),)),
-            *drafter_engines()]
+            KTABLE0_ENGINE, *drafter_engines()]
+
+
+#: vLLM's own speculative engine held at K = 0 at every batch size by its batch-size K table, with the drafter
+#: skipped there (the backports' ``skip``) and vLLM's stock scheduler: no specctl hook. Beside plain and the
+#: premise engine pinned at K = 0 it splits a K = 0 step's cost over plain between vLLM's speculative engine and
+#: specctl's scheduler hook (session 14: premise at K = 0 ran 1.11x plain's step at 64 requests, 1.03x at 256).
+KTABLE0_ENGINE = SteadyEngine(name="ktable0", k=SPECCTL_K_MAX, k_table=((1, MAX_NUM_SEQS, 0),), backports=True,
+                              env=((DRAFT_AT_ZERO_ENV, "skip"),))
 
 
 #: The drafters of issue 16's smoke rows beside EAGLE-3, and the static width each is compared at.
