@@ -127,8 +127,8 @@ DRAFT_AT_ZERO_ENV = "SPECCTL_DRAFT_AT_ZERO"
 
 def optional_engines() -> list[SteadyEngine]:
     """Engines a sweep starts only when ``--only`` names them: specctl with a patch setting under test.
-    ``specctl_skip``: K = 0 steps skip the drafter, so they cost what plain decoding costs, and the drafter's
-    KV cache misses the positions decoded at K = 0 (docs/engine.md)."""
+    ``specctl_skip``: K = 0 steps skip the drafter, and the drafter's KV cache misses the positions decoded at
+    K = 0; the step still costs more than plain's (docs/engine.md). ``ktable0``: see :data:`KTABLE0_ENGINE`."""
     return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),)),
             KTABLE0_ENGINE, *drafter_engines()]
 
