@@ -96,8 +96,9 @@ def _outage(suite: FaultSuite, t_fault: float, healed: float, timeout_s: float =
     answer surely used) after, the engine's longest wait that ends after ``t_fault``, once an answer after
     ``healed`` that is surely used exists.
 
-    A usable answer is a 200 the proxy passed through and wrote within the engine's request timeout; it is
-    surely used when written more than :data:`AMBIGUOUS_S` inside that timeout. The engine's policy was last
+    A usable answer is a 200 the proxy passed through and wrote within the engine's request timeout of the
+    post's start (the engine's send, from its batch's ``sent_at``, where the proxy read it later); it is surely
+    used when written more than :data:`AMBIGUOUS_S` inside that timeout. The engine's policy was last
     renewed between the first two times, and it applies the controller's policy again from somewhere between
     the last two on: a controller just restarted answers its first post slowly, and an answer the engine
     timed out on does not end the wait. Answers to posts already in flight when a fault began, or while a

@@ -76,6 +76,21 @@ def test_pass_forwards_and_records_telemetry(proxy):
     assert received <= answered and status == 200 and fault is Fault.PASS
 
 
+def test_an_answer_is_timed_from_when_the_client_sent_its_batch(proxy):
+    """The engine's request timeout counts from its send, which its batch records (``sent_at``, wall clock):
+    a batch sent 0.8 s before the proxy reads it is recorded as begun then, so an answer written soon after
+    the read is not taken for one the engine surely had in time."""
+    before = time.monotonic()
+    response = httpx.post(proxy.url + "/v1/telemetry", json={**BATCH, "sent_at": time.time() - 0.8}, timeout=2.0)
+    assert response.status_code == 200
+    [(began, answered, _, _)] = proxy.answers
+    assert began <= before - 0.7 and answered - began >= 0.8
+    for sent_at in (time.time() + 60.0, time.time() - 30.0):  # a clock ahead; a retried batch's first send
+        httpx.post(proxy.url + "/v1/telemetry", json={**BATCH, "sent_at": sent_at}, timeout=2.0)
+        later, _, _, _ = proxy.answers[-1]
+        assert later >= before  # the proxy's own reading stands
+
+
 @pytest.mark.parametrize("fault", [Fault.REFUSE, Fault.RESET])
 def test_dead_controller_faults_fail_the_connection(proxy, fault):
     proxy.set_fault(fault)

@@ -151,12 +151,32 @@ class TelemetrySeen:
     step_times: tuple[tuple[float, float, int], ...] = ()
 
 
-def _summarise_telemetry(body: bytes, fault: Fault) -> TelemetrySeen:
+def _telemetry_doc(body: bytes) -> dict:
     try:
         doc = json.loads(body)
     except ValueError:
         doc = {}
-    doc = doc if isinstance(doc, dict) else {}
+    return doc if isinstance(doc, dict) else {}
+
+
+#: A batch whose ``sent_at`` is older than this when the proxy reads it is a retry (the reporter resends its
+#: pending batch as built, ``sent_at`` included): its send time is unknown, and the proxy's reading stands.
+MAX_SEND_SKEW_S = 2.0
+
+
+def _client_began(doc: dict, received: float) -> float:
+    """When the client began this post, on this process's monotonic clock: the batch's ``sent_at`` (the
+    engine's wall clock, this host's) where it is earlier than the proxy's reading of the request. On a loaded
+    host the proxy reads a request well after the engine sent it, and the engine's request timeout counts from
+    its send: an answer the proxy wrote 0.4 s after reading it could reach an engine that had given up."""
+    sent_at = doc.get("sent_at")
+    if not isinstance(sent_at, int | float) or isinstance(sent_at, bool):
+        return received
+    skew = time.time() - float(sent_at)
+    return received - skew if 0.0 < skew <= MAX_SEND_SKEW_S else received
+
+
+def _summarise_telemetry(doc: dict, fault: Fault) -> TelemetrySeen:
     steps = doc.get("steps") if isinstance(doc.get("steps"), list) else []
     by_category: dict[str, int] = collections.Counter()
     for step in steps:
@@ -249,7 +269,8 @@ class FaultProxy:
         self._huge_body: bytes | None = None  # built once: generating ~1 MB per request would load the host
         self.stats = ProxyStats()
         self.seen: collections.deque[TelemetrySeen] = collections.deque(maxlen=seen_maxlen)
-        #: (request read, answer written, status, fault) of every telemetry post that got an answer
+        #: (request sent: the client's send where its batch says, else when the proxy read it; answer written;
+        #: status; fault) of every telemetry post that got an answer
         self.answers: collections.deque[tuple[float, float, int, Fault]] = collections.deque(maxlen=seen_maxlen)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -369,9 +390,11 @@ class FaultProxy:
         self.stats.requests[fault] += 1
         received = time.monotonic()
         telemetry = request.method == "POST" and request.target.split("?")[0] == "/v1/telemetry"
+        note = None
         if telemetry:
-            self.seen.append(_summarise_telemetry(request.body, fault))
-        note = (received, fault) if telemetry else None
+            doc = _telemetry_doc(request.body)
+            self.seen.append(_summarise_telemetry(doc, fault))
+            note = (_client_began(doc, received), fault)
         return await self._serve_fault(request, reader, writer, fault, latency_s, hostile, upstream, note)
 
     async def _serve_fault(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
