@@ -266,7 +266,9 @@ class FaultProxy:
         self.fault = Fault.PASS
         self.latency_s = 0.0
         self.hostile = Hostile.K_ABOVE_MAX
-        self._huge_body: bytes | None = None  # built once: generating ~1 MB per request would load the host
+        # built once, here: generating ~1 MB per request would load the host, and building it when the fault is
+        # applied held this process (the proxy's event loop) while the engine's posts waited to be read
+        self._huge_body = hostile_body(Hostile.HUGE_PAYLOAD, b"{}")
         self.stats = ProxyStats()
         self.seen: collections.deque[TelemetrySeen] = collections.deque(maxlen=seen_maxlen)
         #: (request sent: the client's send where its batch says, else when the proxy read it; answer written;
@@ -311,8 +313,6 @@ class FaultProxy:
                   hostile: Hostile | str | None = None) -> None:
         """Switch the fault; takes effect for the next request (and at once for ``refuse``)."""
         fault = Fault(fault)
-        if hostile is not None and Hostile(hostile) is Hostile.HUGE_PAYLOAD and self._huge_body is None:
-            self._huge_body = hostile_body(Hostile.HUGE_PAYLOAD, b"{}")
         with self._lock:
             if latency_s is not None:
                 self.latency_s = float(latency_s)
