@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.premise": "bench.gpu.premise",
     "gpu.seed_static": "bench.gpu.seed_static",
     "gpu.dispatch_check": "bench.gpu.dispatch_check",
+    "gpu.trace_summary": "bench.gpu.trace_summary",
 }
 
 USAGE = "usage: python -m bench <name> [args...] | python -m bench --list"

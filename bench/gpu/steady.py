@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.gpu import steady_plan as plan
@@ -41,6 +42,13 @@ from bench.gpu.steady_stats import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+#: Where vLLM's torch profiler writes one trace per point (unset: no profiling). Each point, after its timed
+#: rounds and outside them, steps the same load ``SPECCTL_BENCH_PROFILE_STEPS`` times under the profiler
+#: (``gpu.trace_summary`` reads the traces: device busy time per step, idle gaps, syncs, kernels). Keep the
+#: folder outside a session's results: a trace is megabytes.
+PROFILE_DIR_ENV = "SPECCTL_BENCH_PROFILE_DIR"
+PROFILE_STEPS_ENV = "SPECCTL_BENCH_PROFILE_STEPS"
+DEFAULT_PROFILE_STEPS = 40
 #: Longest wait for the worker's next dispatch snapshot at a round boundary (it writes every ~0.5 s under load).
 SNAPSHOT_WAIT_S = 3.0
 PIN_ACTOR = "steady-bench"
@@ -55,7 +63,41 @@ def build_engine(engine: plan.SteadyEngine, args: argparse.Namespace):
     target, draft = model_dirs(models, args.shape, engine.drafter or args.draft_method)
     kwargs = plan.engine_kwargs(engine, target, draft, method=args.draft_method, synthetic=args.synthetic,
                                 eager=args.eager)
-    return LLMEngine.from_engine_args(EngineArgs(**kwargs)), kwargs
+    return LLMEngine.from_engine_args(EngineArgs(**kwargs, **profiler_kwargs(engine.name))), kwargs
+
+
+def profile_dir(engine_name: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    root = (os.environ if environ is None else environ).get(PROFILE_DIR_ENV)
+    return Path(root) / engine_name if root else None
+
+
+def profile_steps(environ: Mapping[str, str] | None = None) -> int:
+    raw = (os.environ if environ is None else environ).get(PROFILE_STEPS_ENV, "")
+    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else DEFAULT_PROFILE_STEPS
+
+
+def profiler_kwargs(engine_name: str) -> dict:
+    """vLLM's own torch profiler, started and stopped by the driver (no schedule), CPU and CUDA activity, no
+    stacks (they would cost host time in the steps profiled)."""
+    folder = profile_dir(engine_name)
+    if folder is None:
+        return {}
+    from vllm.config import ProfilerConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"profiler_config": ProfilerConfig(profiler="torch", torch_profiler_dir=str(folder.resolve()),
+                                              torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
+                                              torch_profiler_dump_cuda_time_total=False)}
+
+
+def profile_point(llm, load: SteadyLoad, point: plan.Point, steps: int) -> None:
+    """``steps`` steps of the point's load under the profiler, after its timed rounds (never inside them)."""
+    llm.start_profile(profile_prefix=f"{point.label}_{point.profile}_c{point.concurrency}")
+    try:
+        for _ in range(steps):
+            load.step()
+    finally:
+        llm.stop_profile()
 
 
 def model_dirs(models: Path, shape: str, method: str) -> tuple[Path, Path]:
@@ -396,6 +438,9 @@ def run_points(llm, engine: plan.SteadyEngine, points: list[plan.Point], meta: d
             row = measure(llm, load, watch, point, args, index)
             if engine.specctl:
                 row["controller"] = controller_view(point.categories, meta.get("model"))
+            if profile_dir(engine.name) is not None:
+                profile_point(llm, load, point, profile_steps())
+                row["profiled_steps"] = profile_steps()
         finally:
             if point.pins:
                 clear_pins(tuple(cat for cat, _ in point.pins))

@@ -9,15 +9,23 @@
 #     engine and how much specctl's hook (the bench's acceptance mask no longer runs on K = 0 steps);
 #  2. specctl_skip from a fresh controller, low then mixed at 64 (the traffic shift), then at 256;
 #  3. a second pass of plain and ktable0 at 64, fresh engines.
+# The engines of (1) also run each point's load for 40 steps under vLLM's torch profiler after its timed rounds
+# (outside them): `gpu.trace_summary` turns the traces into device busy time and idle gaps per step, syncs and
+# kernels (trace_summary_s15.json; the traces stay on the host).
 set -uo pipefail
 # shellcheck source=prelude.sh
 source "$(dirname "$0")/prelude.sh"
 FIRST="$OUTDIR/h200_steady_spread_s15.jsonl"
 SECOND="$OUTDIR/h200_steady_spread_s15_second.jsonl"
+PROFILES=/root/specctl-gpu/profiles
+rm -rf "$PROFILES"
+export SPECCTL_BENCH_PROFILE_DIR="$PROFILES" SPECCTL_BENCH_PROFILE_STEPS=40
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only plain --profiles low --concurrency 64,256
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only ktable0 --profiles low --concurrency 64,256
 SPECCTL_DRAFT_AT_ZERO=skip sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --premise --premise-ks 0 \
     --premise-profile low --premise-concurrency 64,256
+unset SPECCTL_BENCH_PROFILE_DIR
+python3 -m bench gpu.trace_summary "$PROFILES" --steps 40 --out "$OUTDIR/trace_summary_s15.json"
 fresh_controller
 sweep --results "$FIRST" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles low,mixed --concurrency 64,256
 sweep --results "$SECOND" --mirror "$OUTDIR/mirror_second" --only plain --profiles low --concurrency 64
