@@ -788,8 +788,7 @@ class SpecHook:
             if scheduled > 0:
                 committed, verified = committed_tokens(step.agg), verified_width(draft_tokens, batch)
                 if step.decoding:
-                    self.widths.measured.observe(batch, verified, committed, interval,
-                                                 self.widths.expected_at(verified))
+                    self.widths.measured.observe(batch, verified, committed, interval, self.widths.measured_mix())
                 if self.widths.budget is not None:
                     self.widths.budget.observe(scheduled, prefill, committed, interval, verified)
         if scheduled > 0:

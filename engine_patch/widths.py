@@ -129,10 +129,12 @@ class WidthChooser:
         # buckets where the check holds the model's drafting width off: the model's own exploration pauses there
         self._held_off: set[int] = set()
         self._model_gain = 0.0  # value(K*) / value(0) - 1 of the model's last computed width
-        # of the last computed width's mix: E(K) per request by width (filled on demand), and the share of its
-        # requests of categories this engine has not seen draft (the measured check's ``unseen``)
+        # of the last computed width's mix: E(K) per request by width (filled on demand), the share of its
+        # requests of categories this engine has not seen draft (the measured check's ``unseen``), and the
+        # curves of categories a measured cell's mix holds that this mix does not
         self._expected: dict[int, float] = {}
         self._unseen = 0.0
+        self._other_curves: dict[str, tuple[float, ...]] = {}
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -203,13 +205,19 @@ class WidthChooser:
             self._decided_age = 0
             self._model_gain = choice.value / choice.plain_value - 1.0 if choice.plain_value > 0 else 0.0
             self._expected = {}
+            self._other_curves = {}
             self._unseen = sum(share for category, share in shares.items() if category not in self._fast)
-        self.width = self._checked(self._decided[2], batch, bucket)
+        self.width = self._checked(self._decided[2], batch, bucket, table)
         return self.width
+
+    def measured_mix(self) -> Mapping[str, float] | None:
+        """Each category's share of the batch the last width was computed for (None before one): the mix the
+        measured check's cells are observed with."""
+        return self._decided[1] if self._decided is not None else None
 
     def expected_at(self, width: int) -> float | None:
         """The committed tokens per request a step at ``width`` is expected to bring, for the mix of the last
-        computed width (None before one): what the measured check's cells are observed with and read for."""
+        computed width (None before one)."""
         if width <= 0:
             return 1.0
         got = self._expected.get(width)
@@ -218,6 +226,28 @@ class WidthChooser:
                 return None
             got = self._expected[width] = committed_per_step(self._decided[1], self._curves, width)
         return got
+
+    def _transfer(self, width: int, table: PolicyTable):
+        """``e(width, mix now) / e(width, mix then)`` for a measured cell's category weights, both from the
+        curves of now (a cell's category that this mix lacks gets its own curve, kept until the next
+        computation)."""
+        now = self.expected_at(width)
+        if not now:
+            return None
+
+        def transfer(then: Mapping[str, float]) -> float:
+            total = sum(then.values())
+            if total <= 0:
+                return 1.0
+            e = 0.0
+            for category, weight in then.items():
+                curve = self._curves.get(category) or self._other_curves.get(category)
+                if curve is None:
+                    curve = self._other_curves[category] = self._capped(category, table)
+                e += weight * curve[min(width, len(curve) - 1)]
+            return now * total / e if e > 0 else 1.0
+
+        return transfer
 
     def _explore_period(self) -> int:
         """Measurable steps between two explorations of the cells: ``explore_every``, longer the more the model
@@ -246,14 +276,15 @@ class WidthChooser:
         self.width = self._probe_width
         return True
 
-    def _checked(self, model_width: int, batch: int, bucket: int) -> int:
+    def _checked(self, model_width: int, batch: int, bucket: int, table: PolicyTable) -> int:
         """The measured check on the model's width, and the start of a probe run where one is due."""
         meter = self.measured
         if model_width <= 0 or not meter.timing:
             self._held_off.discard(bucket)
             return model_width
         # the drafting width's goodput for today's mix (its cell's steps may have been taken on other traffic)
-        plain, drafting = meter.reading(batch, 0), meter.reading(batch, model_width, self.expected_at(model_width))
+        plain = meter.reading(batch, 0)
+        drafting = meter.reading(batch, model_width, self._transfer(model_width, table))
         v = self.verdict = verdict(model_width, plain, drafting)
         if v.width == 0:
             # The model's exploration calibrates the widths it would run; while measurement holds them off, its

@@ -131,7 +131,7 @@ class GraphSpecctl(Specctl):
         if 2 * int(res.decoding.sum()) >= res.batch_size:
             width = res.width if res.width is not None else res.depth
             self.chooser.measured.observe(res.batch_size, width, int(res.committed.sum()), res.wall_s,
-                                          self.chooser.expected_at(width))
+                                          self.chooser.measured_mix())
         if now - self.last_report >= self.report_s:
             version = self.policy.version
             self._report(now)

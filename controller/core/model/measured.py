@@ -22,14 +22,16 @@ evidence the model's width runs and a probe run of the unmeasured width is due (
 drafting width does not clear the margin, K = 0 runs and the drafting width is probed until the comparison is
 decided.
 
-A measurement holds for the traffic it was taken on. Each step is observed with what the width rule expected
-it to commit per request at its width (``e``: the mix-weighted E_c(K) of the categories' curves), and a
-reading for today's mix scales the drafting width's goodput by ``e_now / e_then`` (``e_then`` the decayed mean
-behind the cell): the cell keeps measuring the width's cost, the curves say what it now buys. On the H200
-(session 14) a K = 2 refuted on prose held plain decoding for 15 s after half the traffic turned to JSON,
-0.83x plain at 64 requests, until the refuted evidence faded; K = 0's ``e`` is 1 at any mix. Where part of
-the batch is of categories whose acceptance nothing has measured yet (a new category, under K = 0 that
-drafts nothing), a refuted or undecided width is probed again at once (:func:`probe_due`, ``unseen``).
+A measurement holds for the traffic it was taken on. Each step is observed with the mix of categories the
+width rule priced it for, and a cell keeps the decayed mix of its steps. A drafting width's goodput is read for
+today's mix as ``g e(K, mix now) / e(K, mix then)``, both ``e`` (the committed tokens per request the categories'
+curves give at K) from the curves of now: the cell keeps measuring the width's cost and the acceptance it met,
+and only the change of mix moves the reading (a change of belief about one category's acceptance does not:
+the measurement already met the real one). On the H200 (session 14) a K = 2 refuted on prose held plain
+decoding for 15 s after half the traffic turned to JSON, 0.83x plain at 64 requests, until the refuted evidence
+faded; K = 0's ``e`` is 1 at any mix. Where part of the batch is of categories whose acceptance nothing has
+measured yet (a new category, under K = 0 that drafts nothing), a refuted or undecided width is probed again at
+once (:func:`probe_due`, ``unseen``).
 
 No I/O; O(1) per step (the sums age lazily, by the steps counted since a cell was last touched).
 """
@@ -37,8 +39,9 @@ No I/O; O(1) per step (the sums age lazily, by the steps counted since a cell wa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from specctl_vllm.controller.core.decay import decay_factor
 from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
@@ -66,6 +69,9 @@ RECHECK_STEPS = 30.0
 #: While the comparison is undecided (the gain inside the margin), the width with fewer steps is probed until
 #: it has this many decayed steps: the margin then rests on hundreds of steps, not on one probe.
 DECIDE_STEPS = 200.0
+#: Categories a cell keeps the mix of (the rest of a step's mix is left out of the cell's; an engine's categories
+#: are capped well below this by the controller's policy).
+MAX_MIX_CATEGORIES = 64
 #: Share of a step's requests of categories with no measured acceptance (neither the controller's curve nor
 #: the engine's fast sums have seen them draft) from which a refuted or undecided width is probed again: the
 #: verdict was taken on traffic without them.
@@ -74,15 +80,15 @@ UNSEEN_SHARE = 0.2
 
 @dataclass(frozen=True, kw_only=True)
 class Measured:
-    """What the engine measured at one (bucket, width): committed tokens per second (scaled to the traffic the
-    reading was asked for, where both expectations are known), its relative standard error, the decayed steps
-    behind it (0 steps: nothing measured; goodput 0, rse inf) and the mean committed tokens per request the
-    width rule expected over those steps (0: no step came with an expectation)."""
+    """What the engine measured at one (bucket, width): committed tokens per second (read for the mix the
+    reading was asked for, where the cell and the caller both know one), its relative standard error, the
+    decayed steps behind it (0 steps: nothing measured; goodput 0, rse inf) and the decayed weight of each
+    category over those steps (empty: no step came with a mix)."""
 
     goodput: float
     rse: float
     steps: float
-    expected: float = 0.0
+    mix: Mapping[str, float] = field(default_factory=dict)
 
 
 NOTHING = Measured(goodput=0.0, rse=math.inf, steps=0.0)
@@ -91,7 +97,7 @@ NOTHING = Measured(goodput=0.0, rse=math.inf, steps=0.0)
 class GoodputMeter:
     """Decayed per-(bucket, width) sums over timed steps past the first :data:`SETTLE_STEPS` of a run:
     weight, seconds, committed tokens and their second moments (seconds^2, committed^2, seconds x committed),
-    and the expected committed tokens per request with the weight of the steps that came with one."""
+    and the decayed weight of each category of the steps' mixes."""
 
     def __init__(self, edges: Sequence[int] = BATCH_EDGES, decay: float = MEASURED_DECAY,
                  settle: int = SETTLE_STEPS) -> None:
@@ -101,16 +107,16 @@ class GoodputMeter:
         # the project's one decay formula, in steps: a per-step factor ``decay`` is a half-life of ln 2 / -ln decay
         self._half_life = math.log(0.5) / math.log(decay) if 0 < decay < 1 else math.inf
         self.clock = 0  # timed steps observed (every width, every bucket): the sums age by it
-        # (bucket, width) -> [t, n, x, y, xx, yy, xy, sum e, n with e]
-        self._cells: dict[tuple[int, int], list[float]] = {}
+        # (bucket, width) -> [t, n, x, y, xx, yy, xy, {category: decayed share}]
+        self._cells: dict[tuple[int, int], list[Any]] = {}
         self._last: int | None = None  # width of the step observed last
         self._run = 0  # steps of the current run (same width back to back)
 
     def observe(self, batch: int, width: int, committed: int, interval_s: float | None,
-                expected: float | None = None) -> None:
+                mix: Mapping[str, float] | None = None) -> None:
         """One step of ``batch`` requests at ``width`` that committed ``committed`` tokens in ``interval_s``
-        seconds of engine time (None: the engine was idle before it, not timed); ``expected``: the committed
-        tokens per request the width rule expected of it (None: unknown)."""
+        seconds of engine time (None: the engine was idle before it, not timed); ``mix``: each category's share
+        of the step's requests, as the width rule priced it (None: unknown)."""
         width = min(max(width, 0), MAX_K)  # one key past any engine's width set: the table stays bounded
         self._run = self._run + 1 if width == self._last else 1
         self._last = width
@@ -122,7 +128,7 @@ class GoodputMeter:
         key = self._key(batch, width)
         cell = self._cells.get(key)
         if cell is None:
-            cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+            cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, {}]
         else:
             self._age(cell)
         x, y = interval_s, float(committed)
@@ -132,9 +138,11 @@ class GoodputMeter:
         cell[4] += x * x
         cell[5] += y * y
         cell[6] += x * y
-        if expected is not None and 0 < expected <= MAX_K + 1:
-            cell[7] += expected
-            cell[8] += 1.0
+        if mix:
+            kept = cell[7]
+            for category, share in mix.items():
+                if share > 0 and (category in kept or len(kept) < MAX_MIX_CATEGORIES):
+                    kept[category] = kept.get(category, 0.0) + share
 
     def _key(self, batch: int, width: int) -> tuple[int, int]:
         return bucket_of(batch, self.edges), min(max(width, 0), MAX_K)
@@ -146,14 +154,18 @@ class GoodputMeter:
     def _age(self, cell: list[float]) -> None:
         f = self._factor(cell)
         if f < 1.0:
-            for i in range(1, 9):
+            for i in range(1, 7):
                 cell[i] *= f
+            kept = cell[7]
+            for category in kept:
+                kept[category] *= f
         cell[0] = float(self.clock)
 
-    def reading(self, batch: int, width: int, expected: float | None = None) -> Measured:
-        """The measured goodput of ``width`` in ``batch``'s bucket, aged to now (the state is left alone); given
-        the committed tokens per request the width rule expects of it now, scaled from what it expected over
-        the steps measured (``expected / e_then``: the cost measured, the acceptance of today's traffic)."""
+    def reading(self, batch: int, width: int,
+                transfer: Callable[[Mapping[str, float]], float] | None = None) -> Measured:
+        """The measured goodput of ``width`` in ``batch``'s bucket, aged to now (the state is left alone).
+        ``transfer``, given the cell's decayed category weights, returns ``e(K, mix now) / e(K, mix then)``: the
+        goodput is read for today's mix (a factor that is not a positive finite number is ignored)."""
         cell = self._cells.get(self._key(batch, width))
         if cell is None:
             return NOTHING
@@ -166,9 +178,12 @@ class GoodputMeter:
         r = seconds_per_token
         spread = (cell[4] - 2 * r * cell[6] + r * r * cell[5]) * f / n
         rse = math.sqrt(max(spread, 0.0) / n) / (x / n) if n > 1 else math.inf
-        then = cell[7] / cell[8] if cell[8] > 0 else 0.0
-        scale = expected / then if then > 0 and expected is not None and 0 < expected <= MAX_K + 1 else 1.0
-        return Measured(goodput=scale * y / x, rse=rse, steps=n, expected=then)
+        kept = cell[7]
+        scale = 1.0
+        if transfer is not None and kept:
+            got = transfer(kept)
+            scale = got if isinstance(got, float | int) and 0 < got < math.inf else 1.0
+        return Measured(goodput=scale * y / x, rse=rse, steps=n, mix=dict(kept))
 
     @property
     def timing(self) -> bool:

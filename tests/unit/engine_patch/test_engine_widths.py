@@ -679,7 +679,7 @@ def run_prompted(chooser: WidthChooser, table, steps: int, engine: PromptEngine,
         k = chooser.choose({category: 64}, table, 64)
         c, s = engine.step(k)
         chooser.observe(drafted({category: 64}, k, {category: beta}, rng))
-        chooser.measured.observe(64, k, c, s, chooser.expected_at(k))
+        chooser.measured.observe(64, k, c, s, chooser.measured_mix())
         chosen.append(k)
         if i >= steps // 2:
             committed, seconds = committed + c, seconds + s
@@ -773,24 +773,50 @@ def test_steps_that_mostly_run_prompt_chunks_stay_out_of_the_measured_check() ->
 
 
 
-def test_the_hook_measures_each_step_with_what_the_width_rule_expected_of_it() -> None:
-    """The engine's measured check is fed each step's expected committed tokens per request at the width it
-    verified: E(K) of the curve the width rule priced it with (JSON's, blended with what the engine saw), 1
-    at K = 0."""
-    rig = Rig(GRAPH, correct={"json": 7})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    rig.add("a", "json", max_tokens=400)
+def test_the_hook_measures_each_step_with_the_mix_the_width_rule_priced() -> None:
+    """The engine's measured check is fed each step's category shares, as the width rule priced the step."""
+    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    for i in range(3):
+        rig.add(f"j{i}", "json", max_tokens=400)
+    rig.add("p0", "prose", max_tokens=400)
     for _ in range(40):
         rig.clock.t += 0.01
         rig.sim.step()
     meter, chooser = rig.hook.widths.measured, rig.hook.widths
-    width = chooser.width
-    assert width == 7
-    got = meter.reading(1, width)
+    got = meter.reading(4, chooser.width)
     assert got.steps > 0
-    assert got.expected == pytest.approx(chooser.expected_at(width), rel=0.05)
-    assert 1.0 < got.expected <= 8.0
+    total = sum(got.mix.values())
+    assert {c: w / total for c, w in got.mix.items()} == pytest.approx({"json": 0.75, "prose": 0.25})
+    assert chooser.measured_mix() == pytest.approx({"json": 0.75, "prose": 0.25})
     assert chooser.expected_at(0) == 1.0
+
+
+def test_a_new_belief_about_a_category_does_not_move_what_was_measured() -> None:
+    """The measurement met the category's real acceptance: when the controller's curve for it moves (a cold
+    start learning), the reading stays; only a change of mix moves it."""
+    rig = Rig(GRAPH)
+    install(rig, cells(K4_CHEAP), json=CP(k=4, expected=list(geometric_lengths(0.5, 7))),
+            prose=CP(k=4, expected=list(geometric_lengths(0.45, 7))))
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    table = rig.holder.current(rig.clock())
+    assert chooser.choose({"json": 64}, table, 64) == 4
+    for _ in range(20):
+        chooser.measured.observe(64, 4, 200, 0.02, chooser.measured_mix())
+    read = chooser.measured.reading(64, 4, chooser._transfer(4, table)).goodput
+    assert read == pytest.approx(10000.0)
+    learned = protocol.Policy(version=2, issued_at=0.0, ttl_s=60.0, default=CP(k=4), step_cells=cells(K4_CHEAP),
+                              categories={"json": CP(k=4, expected=list(geometric_lengths(0.85, 7))),
+                                          "prose": CP(k=4, expected=list(geometric_lengths(0.45, 7)))})
+    rig.holder.install(learned, rig.clock())
+    table = rig.holder.current(rig.clock())
+    chooser.choose({"json": 64}, table, 64)
+    assert chooser.curve("json", table)[4] == pytest.approx(sum(0.85 ** i for i in range(5)))
+    assert chooser.measured.reading(64, 4, chooser._transfer(4, table)).goodput == pytest.approx(read)
+    chooser.choose({"json": 32, "prose": 32}, table, 64)  # half the batch turns to prose
+    e = {b: sum(b ** i for i in range(5)) for b in (0.85, 0.45)}
+    assert chooser.measured.reading(64, 4, chooser._transfer(4, table)).goodput == pytest.approx(
+        read * (e[0.85] + e[0.45]) / 2 / e[0.85], rel=1e-3)
 
 def _count_batch_passes(monkeypatch) -> list[int]:
     """Steps (by their number in the run) whose before_schedule passed over the batch's requests."""
@@ -907,7 +933,7 @@ def run_shift(chooser: WidthChooser, table, before: int, after: int) -> tuple[li
         k = chooser.choose({category: 64}, table, 64)
         c, s = engine.step(k)
         chooser.observe(drafted({category: 64}, k, {category: beta}, rng))
-        chooser.measured.observe(64, k, c, s, chooser.expected_at(k))
+        chooser.measured.observe(64, k, c, s, chooser.measured_mix())
         return k, c, s
 
     i = 0
@@ -943,7 +969,7 @@ def test_a_width_refuted_on_one_traffic_is_looked_at_again_when_the_traffic_chan
     assert sum(1 for k in chosen[:200] if k) >= 180  # drafting again within the first probe
     assert goodput >= 0.97 * k4
     # the same engine reading the cells as measured and ignoring what it has not seen
-    monkeypatch.setattr(WidthChooser, "expected_at", lambda self, width: None)
+    monkeypatch.setattr(WidthChooser, "_transfer", lambda self, width, table: None)
     monkeypatch.setattr(widths_module, "probe_due", functools.partial(measured_module.probe_due, unseen=0.0))
     rig = Rig(GRAPH)
     install(rig, cells(K4_CHEAP), prose=CP(k=4, expected=list(geometric_lengths(0.45, 7))),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specctl_vllm.controller.core.model.measured import (
+    MAX_MIX_CATEGORIES,
     NOTHING,
     GoodputMeter,
     Measured,
@@ -115,32 +116,43 @@ def test_a_verdict_taken_without_part_of_the_traffic_is_probed_again(plain, draf
     assert probe_due(verdict(4, plain, drafting), plain, drafting, 4, unseen=unseen) == due
 
 
-@pytest.mark.parametrize(("then", "now", "goodput"), [
-    (None, None, 6400.0),  # no expectation either side: as measured
-    (2.0, None, 6400.0),
-    (None, 3.0, 6400.0),  # measured without one: nothing to scale from
-    (2.0, 2.0, 6400.0),
-    (2.0, 3.0, 9600.0),  # the same cost buys 1.5x the tokens on today's traffic
-    (2.0, 1.0, 3200.0),
-    (2.0, math.nan, 6400.0),  # impossible expectations are ignored
-    (2.0, 0.0, 6400.0),
-    (math.inf, 3.0, 6400.0),
+def e_at_2(betas: dict[str, float]):
+    """A transfer for K = 2 against today's mix of half ``json``: E(2) per category from geometric curves."""
+    def e(mix: dict[str, float]) -> float:
+        total = sum(mix.values())
+        return sum(w * (1 + betas[c] + betas[c] ** 2) for c, w in mix.items()) / total
+    now = e({"json": 0.5, "prose": 0.5})
+    return lambda then: now / e(then)
+
+
+@pytest.mark.parametrize(("mix", "transfer", "goodput"), [
+    (None, None, 6400.0),  # no mix either side: as measured
+    ({"prose": 1.0}, None, 6400.0),
+    (None, e_at_2({"prose": 0.45, "json": 0.85}), 6400.0),  # measured without a mix: nothing to read it from
+    ({"prose": 1.0}, e_at_2({"prose": 0.45, "json": 0.85}), 6400.0 * (2.1125 / 1.6525)),  # half JSON now
+    ({"prose": 0.5, "json": 0.5}, e_at_2({"prose": 0.45, "json": 0.85}), 6400.0),  # the same mix
+    ({"prose": 1.0}, lambda then: math.nan, 6400.0),  # impossible factors are ignored
+    ({"prose": 1.0}, lambda then: 0.0, 6400.0),
+    ({"prose": 1.0}, lambda then: math.inf, 6400.0),
 ])
-def test_a_reading_scales_the_measured_goodput_to_today_s_expected_acceptance(then, now, goodput) -> None:
+def test_a_reading_is_read_for_today_s_mix(mix, transfer, goodput) -> None:
     meter = GoodputMeter(settle=0)
     for _ in range(10):
-        meter.observe(64, 2, 64, 0.010, then)
-    r = meter.reading(64, 2, now)
+        meter.observe(64, 2, 64, 0.010, mix)
+    r = meter.reading(64, 2, transfer)
     assert r.goodput == pytest.approx(goodput)
-    assert r.steps == pytest.approx(10 * 0.999 ** 0, rel=0.01)
-    assert r.expected == (pytest.approx(then) if then is not None and math.isfinite(then) else 0.0)
+    assert r.steps == pytest.approx(10.0, rel=0.01)
+    assert dict(r.mix) == ({c: pytest.approx(10 * w, rel=0.01) for c, w in mix.items()} if mix else {})
 
 
-def test_the_expectation_behind_a_cell_is_the_decayed_mean_of_its_steps() -> None:
+def test_a_cell_s_mix_is_the_decayed_sum_of_its_steps_and_bounded() -> None:
     meter = GoodputMeter(settle=0, decay=0.5)
-    meter.observe(64, 2, 128, 0.010, 2.0)
-    meter.observe(64, 2, 192, 0.010, 3.0)  # the older step weighs half
-    assert meter.reading(64, 2).expected == pytest.approx((0.5 * 2.0 + 3.0) / 1.5)
+    meter.observe(64, 2, 128, 0.010, {"prose": 1.0})
+    meter.observe(64, 2, 192, 0.010, {"json": 0.75, "prose": 0.25})  # the older step weighs half
+    assert dict(meter.reading(64, 2).mix) == pytest.approx({"prose": 0.75, "json": 0.75})
+    many = GoodputMeter(settle=0)
+    many.observe(64, 2, 64, 0.010, {f"c{i}": 1.0 / 500 for i in range(500)})
+    assert len(many.reading(64, 2).mix) == MAX_MIX_CATEGORIES
 
 
 def test_widths_and_batches_of_any_size_keep_the_table_bounded() -> None:
