@@ -138,7 +138,7 @@ class GoodputMeter:
         cell[4] += x * x
         cell[5] += y * y
         cell[6] += x * y
-        if mix:
+        if mix and width > 0:  # K = 0 commits one token a request at any mix: its reading is never rescaled
             kept = cell[7]
             for category, share in mix.items():
                 if share > 0 and (category in kept or len(kept) < MAX_MIX_CATEGORIES):

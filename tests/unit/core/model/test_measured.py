@@ -153,6 +153,8 @@ def test_a_cell_s_mix_is_the_decayed_sum_of_its_steps_and_bounded() -> None:
     many = GoodputMeter(settle=0)
     many.observe(64, 2, 64, 0.010, {f"c{i}": 1.0 / 500 for i in range(500)})
     assert len(many.reading(64, 2).mix) == MAX_MIX_CATEGORIES
+    many.observe(64, 0, 64, 0.010, {"prose": 1.0})  # K = 0 commits one token a request at any mix
+    assert many.reading(64, 0).mix == {} and many.reading(64, 0).steps > 0
 
 
 def test_widths_and_batches_of_any_size_keep_the_table_bounded() -> None:
