@@ -11,10 +11,17 @@ trace (``*.pt.trace.json[.gz]``, found under the folder given, the engine's name
 * ``runtime_calls``: host-side CUDA runtime calls by name (count, total ms), syncs among them;
 * ``top_kernels``: the kernels with the most device time (name cut to 120 characters);
 * ``host_steps``: vLLM's per-step annotations (``execute_context_..._generation_...``): how many, and their mean
-  host time (the runner's work on the host for a step, launches included).
+  host time (the runner's work on the host for a step, launches included);
+* ``steps_by_kind``: each annotated step but the last is the host time from its annotation to the next one; the
+  device time of a step is that of the kernels, copies and memsets launched in it (matched by the runtime
+  call's correlation id, so a graph replay counts all its kernels). Medians per kind: ``decode`` (no prompt
+  tokens: the like-for-like step of two engines at one batch) and ``with_prompts``. The window's mix of prompt
+  steps is whatever the load had in those few dozen steps, so totals of two engines are not like for like;
+  the decode medians are.
 
-Divided by ``--steps`` (the steps profiled) where given. The summary is small JSON, one object per trace, so a
-device session returns it while the traces stay on the host.
+Per-step figures divide by the annotated steps the trace holds (an engine that did not execute a model step on
+every driver step holds fewer than it was asked for), else by ``--steps``. The summary is small JSON, one object
+per trace, so a device session returns it while the traces stay on the host.
 
     python -m bench gpu.trace_summary /root/specctl-gpu/profiles --steps 40 --out summary.json
 """
@@ -25,6 +32,8 @@ import argparse
 import gzip
 import itertools
 import json
+import re
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -36,6 +45,7 @@ RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 SYNC_WORDS = ("Synchronize", "synchronize")
 #: vLLM's model runner annotates each step it executes ``execute_context_<n>(<tokens>)_generation_<n>(<tokens>)``.
 STEP_ANNOTATION = "execute_"
+PROMPT_REQUESTS = re.compile(r"_context_(\d+)")
 TOP = 15
 
 
@@ -56,6 +66,48 @@ def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
         else:
             out.append([start, end])
     return [(a, b) for a, b in out]
+
+
+def correlation(event: dict) -> int | None:
+    args = event.get("args")
+    value = args.get("correlation") if isinstance(args, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def prompt_requests(annotation: str) -> int | None:
+    """Requests with prompt tokens in a step, read from vLLM's annotation (None where it does not say)."""
+    found = PROMPT_REQUESTS.search(annotation)
+    return int(found.group(1)) if found else None
+
+
+def steps_by_kind(events: Sequence[dict], annotated: Sequence[dict]) -> dict:
+    """Median host interval and device time of the annotated steps, decode-only apart from those with prompts."""
+    launched_at = {c: float(e["ts"]) for e in events
+                   if e.get("cat") in RUNTIME_CATEGORIES and (c := correlation(e)) is not None}
+    device_at: list[tuple[float, float]] = sorted(
+        (launched_at[c], float(e.get("dur", 0.0))) for e in events
+        if e.get("cat") in DEVICE_CATEGORIES and (c := correlation(e)) in launched_at)
+    starts = [float(a["ts"]) for a in annotated]
+    kinds: dict[str, dict[str, list[float]]] = {}
+    cursor = 0
+    for i in range(len(annotated) - 1):  # the last step has no end in the window
+        begin, end = starts[i], starts[i + 1]
+        while cursor < len(device_at) and device_at[cursor][0] < begin:
+            cursor += 1
+        device = 0.0
+        j = cursor
+        while j < len(device_at) and device_at[j][0] < end:
+            device += device_at[j][1]
+            j += 1
+        prompts = prompt_requests(str(annotated[i].get("name", "")))
+        kind = "unknown" if prompts is None else "decode" if prompts == 0 else "with_prompts"
+        bucket = kinds.setdefault(kind, {"interval": [], "device": []})
+        bucket["interval"].append(end - begin)
+        bucket["device"].append(device)
+    return {kind: {"count": len(b["interval"]),
+                   "median_interval_ms": round(statistics.median(b["interval"]) / 1e3, 4),
+                   "median_device_ms": round(statistics.median(b["device"]) / 1e3, 4)}
+            for kind, b in sorted(kinds.items())}
 
 
 def summarise(events: Sequence[dict], steps: int | None = None, gap_us: float = 50.0) -> dict:
@@ -79,12 +131,15 @@ def summarise(events: Sequence[dict], steps: int | None = None, gap_us: float = 
             c = calls[str(e.get("name", "?"))]
             c[0] += 1
             c[1] += float(e.get("dur", 0.0))
-    annotated = [float(e.get("dur", 0.0)) for e in events
-                 if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_ANNOTATION)]
-    per = (lambda us: round(us / 1e3 / steps, 4)) if steps else (lambda us: None)
+    annotated = sorted((e for e in events if e.get("cat") == "user_annotation"
+                        and str(e.get("name", "")).startswith(STEP_ANNOTATION)), key=lambda e: float(e["ts"]))
+    host_times = [float(e.get("dur", 0.0)) for e in annotated]
+    divisor = len(annotated) or steps
+    per = (lambda us: round(us / 1e3 / divisor, 4)) if divisor else (lambda us: None)
     top = sorted(kernels.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP]
     return {
         "steps": steps,
+        "per_step_divisor": divisor,
         "window_ms": round(window / 1e3, 3),
         "busy_ms": round(busy / 1e3, 3),
         "busy_share": round(busy / window, 4) if window > 0 else None,
@@ -100,7 +155,8 @@ def summarise(events: Sequence[dict], steps: int | None = None, gap_us: float = 
         "top_kernels": [{"name": name, "count": int(n), "total_ms": round(t / 1e3, 3), "ms_per_step": per(t)}
                         for name, (n, t) in top],
         "host_steps": {"count": len(annotated),
-                       "mean_ms": round(sum(annotated) / len(annotated) / 1e3, 4) if annotated else None},
+                       "mean_ms": round(sum(host_times) / len(host_times) / 1e3, 4) if host_times else None},
+        "steps_by_kind": steps_by_kind(events, annotated),
     }
 
 
@@ -112,7 +168,7 @@ def traces(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", type=Path, help="folder holding the traces (one subfolder per engine)")
-    ap.add_argument("--steps", type=int, default=None, help="steps profiled per trace (per-step figures)")
+    ap.add_argument("--steps", type=int, default=None, help="steps profiled per trace (per-step figures where a trace holds no step annotations)")
     ap.add_argument("--gap-us", type=float, default=50.0, help="smallest idle gap counted, microseconds")
     ap.add_argument("--out", type=Path, default=None, help="write the summaries here as JSON (else stdout)")
     args = ap.parse_args(argv)
@@ -131,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             summary = {"error": f"{type(exc).__name__}: {exc}"}
         out.append({"engine": path.parent.name, "trace": path.name, **summary})
         if "error" not in summary:
+            decode = summary["steps_by_kind"].get("decode", {})
             print(f"{path.parent.name:14s} {path.name[:60]:60s} busy {summary['busy_ms_per_step']} ms/step of "
-                  f"{summary['window_ms_per_step']} ({summary['busy_share']}), gaps {summary['idle_gaps']['count']}"
-                  f" = {summary['idle_gaps']['total_ms']} ms, syncs {summary['syncs']}", flush=True)
+                  f"{summary['window_ms_per_step']} ({summary['busy_share']}) over {summary['per_step_divisor']} "
+                  f"steps, gaps {summary['idle_gaps']['count']} = {summary['idle_gaps']['total_ms']} ms, syncs "
+                  f"{summary['syncs']}; decode steps {decode.get('count', 0)}: median device "
+                  f"{decode.get('median_device_ms')} ms of {decode.get('median_interval_ms')}", flush=True)
     text = json.dumps(out, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

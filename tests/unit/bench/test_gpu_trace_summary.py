@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import steady
-from bench.gpu.trace_summary import main, merged, summarise
+from bench.gpu.trace_summary import main, merged, prompt_requests, summarise
 
 
 def kernel(ts: float, dur: float, name: str = "gemm") -> dict:
@@ -51,6 +51,51 @@ def test_busy_time_gaps_syncs_and_kernels_per_step() -> None:
     assert [k["name"] for k in s["top_kernels"]] == ["attn", "gemm"]  # 800 us against 800: attn's first by name
     assert s["top_kernels"][0]["ms_per_step"] == pytest.approx(0.4)
     assert s["host_steps"] == {"count": 2, "mean_ms": 0.4}
+
+
+def step(ts: float, prompts: int, dur: float = 100.0) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "ts": ts, "dur": dur,
+            "name": f"execute_context_{prompts}({prompts * 40})_generation_{64 - prompts}({64 - prompts})"}
+
+
+def launched(ts: float, corr: int, name: str = "cudaGraphLaunch") -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 5, "args": {"correlation": corr}}
+
+
+def ran(ts: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+
+def test_each_step_gets_the_device_time_of_what_it_launched_decode_steps_apart() -> None:
+    """Steps at 0, 1000, 2500, 3500 and 4500 us: decode, prompt, decode, decode, and the last (no end, not
+    counted). A graph replay's kernels share its launch's correlation; a kernel whose launch is outside the
+    profiled window counts for no step."""
+    events = [step(0, 0), step(1000, 2), step(2500, 0), step(3500, 0), step(4500, 0),
+              launched(10, 1), ran(50, 300, 1), ran(360, 200, 1),      # step 1: 500 us in one graph
+              launched(1010, 2, "cudaLaunchKernel"), ran(1020, 900, 2),  # step 2 (prompt): 900 us
+              launched(2510, 3), ran(2600, 700, 3),                      # step 3: 700 us
+              launched(3510, 4), ran(3600, 400, 4),                      # step 4: 400 us
+              launched(4510, 5), ran(4600, 999, 5),                      # the last step: not counted
+              ran(20, 50, 99)]                                           # launched before the window
+    kinds = summarise(events)["steps_by_kind"]
+    assert kinds == {"decode": {"count": 3, "median_interval_ms": 1.0, "median_device_ms": 0.5},
+                     "with_prompts": {"count": 1, "median_interval_ms": 1.5, "median_device_ms": 0.9}}
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("execute_context_0(0)_generation_64(64)", 0),
+    ("execute_context_3(120)_generation_61(61)", 3),
+    ("execute_300_context_1(sq40sk40sqsq1600sqsk1600)_generation_63(sq63sk9000sqsq63sqsk9000)", 1),
+    ("execute_model", None),
+])
+def test_prompt_requests_are_read_from_both_annotation_forms(name, want) -> None:
+    assert prompt_requests(name) == want
+
+
+def test_per_step_figures_divide_by_the_steps_the_trace_holds() -> None:
+    """Asked for 40 steps, the engine executed 2 in the window: per step is per executed step."""
+    s = summarise([kernel(0, 600), kernel(1000, 600), step(0, 0), step(1000, 0)], steps=40)
+    assert (s["per_step_divisor"], s["busy_ms_per_step"]) == (2, 0.6)
 
 
 def test_no_device_activity_and_no_step_count() -> None:
