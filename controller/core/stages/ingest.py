@@ -153,12 +153,14 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
     digest = ms.digest(batch, cap)
     extra = (0 if batch.engine_id in engines else engine_series(batch.engine_id, batch.model_name)) + (
         math.ceil(MODEL_SERIES * label_weight(batch.model_name)) if new_model else 0)
-    cost = extra + charge(ms, digest, charged_k(digest, batch.spec.k_max))
+    k = charged_k(digest, batch.spec.k_max)
+    cost = extra + charge(ms, digest, k)
     limit = config.budget.max_series
     if cost and series + cost > limit:
         # the budget is full: new category names pool into the overflow category, as beyond the cap
         digest = ms.digest(batch, min(cap, len(ms.categories)))
-        cost = extra + charge(ms, digest, charged_k(digest, batch.spec.k_max))
+        k = charged_k(digest, batch.spec.k_max)
+        cost = extra + charge(ms, digest, k)
         if series + cost > limit:
             raise IngestRejected(
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
@@ -170,8 +172,8 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
         cost += width_series(batch.engine_id)
     else:
         widths = False
-    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost,
-                     k=charged_k(digest, batch.spec.k_max), charge_widths=widths)
+    return Admission(book=book, state=ms, digest=digest, gap_delta=gap_delta, cost=cost, k=k,
+                     charge_widths=widths)
 
 
 def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig) -> IngestResult:
