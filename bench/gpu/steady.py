@@ -13,17 +13,26 @@ rounds of ``--round-s`` seconds. A round starts and ends at a fresh snapshot of 
 to every ``--out`` file as soon as it is measured.
 
     python3 -m bench gpu.steady --engine '{"name": "k4", "k": 4}' --points '[...]' --out R.jsonl
+
+Paired rounds (``--pair-engine``, the sweep's ``--pair-with``): a reference engine (plain or a static K) starts
+beside the engine under test on the same GPU, each with ``--memory-share`` of its memory, and the two take turns:
+while one runs a round, the other is paused with its requests kept in place (vLLM's ``pause_scheduler("keep")``,
+so its batch stays steady and nothing of it runs). Rounds go A B, B A, A B ... so that a drift of the host in
+time falls on both alike; each pair of rounds gives one ratio, and the engine's row carries their median and
+range (``pair``). Both engines' rows are written; the reference's names the engine it was paired with.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from bench.gpu import steady_plan as plan
@@ -63,7 +72,35 @@ def build_engine(engine: plan.SteadyEngine, args: argparse.Namespace):
     target, draft = model_dirs(models, args.shape, engine.drafter or args.draft_method)
     kwargs = plan.engine_kwargs(engine, target, draft, method=args.draft_method, synthetic=args.synthetic,
                                 eager=args.eager)
+    if getattr(args, "memory_share", None):
+        kwargs["gpu_memory_utilization"] = args.memory_share
     return LLMEngine.from_engine_args(EngineArgs(**kwargs, **profiler_kwargs(engine.name))), kwargs
+
+
+@contextlib.contextmanager
+def environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` applied (None: unset) for the block: an engine core process started in it
+    inherits them (its plugins, the patch's settings, where its dispatch counts go)."""
+    saved = dict(os.environ)
+    for key, value in changes.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def pause(llm) -> None:
+    """Stop the engine stepping, its running requests kept where they are (vLLM's ``keep`` pause)."""
+    llm.engine_core.call_utility("pause_scheduler", "keep", False)
+
+
+def resume(llm) -> None:
+    llm.engine_core.call_utility("resume_scheduler")
 
 
 def profile_dir(engine_name: str, environ: Mapping[str, str] | None = None) -> Path | None:
@@ -386,14 +423,22 @@ def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args
         measured, aligned = timed_round(llm, load, watch, args.round_s, aligned)
         rnd = measured.record()
         rounds.append(rnd)
-        step_ms = f"{rnd['mean_step_ms']:.2f} ms/step" if rnd["mean_step_ms"] else "step time n/a"
-        share = full_share(rnd["dispatch"])
-        full = f", full graphs {share:.0%}" if share is not None else ""
-        cats = "".join(f", {c} {v:.0f}" for c, v in rnd["tok_per_s_by_category"].items()) if len(point.categories) > 1 \
-            else ""
-        print(f"[{args.name}] {point.label} {point.profile} c={point.concurrency} round {i + 1}/{args.rounds}: "
-              f"{rnd['tok_per_s']:.0f} tok/s{cats}, {rnd['model_steps'] or 'n/a'} steps, {step_ms}{full}",
-              flush=True)
+        print_round(args.name, point, rnd, f"round {i + 1}/{args.rounds}")
+    return point_row(point, load, warm_s, warm_tokens, rounds, args, point_index)
+
+
+def print_round(name: str, point: plan.Point, rnd: dict, label: str) -> None:
+    step_ms = f"{rnd['mean_step_ms']:.2f} ms/step" if rnd["mean_step_ms"] else "step time n/a"
+    share = full_share(rnd["dispatch"])
+    full = f", full graphs {share:.0%}" if share is not None else ""
+    cats = "".join(f", {c} {v:.0f}" for c, v in rnd["tok_per_s_by_category"].items()) if len(point.categories) > 1 \
+        else ""
+    print(f"[{name}] {point.label} {point.profile} c={point.concurrency} {label}: {rnd['tok_per_s']:.0f} tok/s{cats}, "
+          f"{rnd['model_steps'] or 'n/a'} steps, {step_ms}{full}", flush=True)
+
+
+def point_row(point: plan.Point, load: SteadyLoad, warm_s: float, warm_tokens: int, rounds: list[dict],
+              args: argparse.Namespace, point_index: int) -> dict:
     summary = summarise(rounds)
     return {
         "kind": "row",
@@ -412,6 +457,92 @@ def measure(llm, load: SteadyLoad, watch: DispatchWatch, point: plan.Point, args
         "target_modes": target_modes(summary["dispatch"]),
         "full_share": full_share(summary["dispatch"]),
     }
+
+
+# -- paired rounds ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Side:
+    """One of two engines measured in turns: its engine, its load and its dispatch counts."""
+
+    engine: plan.SteadyEngine
+    llm: object
+    load: SteadyLoad
+    watch: DispatchWatch
+    meta: dict
+
+
+def round_order(i: int) -> tuple[int, int]:
+    """Which side runs first in pair ``i``: A B, B A, A B ... (a linear drift falls on both sides alike)."""
+    return (0, 1) if i % 2 == 0 else (1, 0)
+
+
+def pair_summary(test: list[dict], reference: list[dict], reference_name: str) -> dict:
+    """The test engine's goodput over the reference's, pair by pair of rounds: median, range, each ratio."""
+    ratios = [a["tok_per_s"] / b["tok_per_s"] for a, b in zip(test, reference, strict=True) if b["tok_per_s"] > 0]
+    ordered = sorted(ratios)
+    mid = len(ordered) // 2
+    median = (ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2) if ordered else None
+    return {"engine": reference_name, "ratios": ratios, "ratio_median": median,
+            "ratio_min": ordered[0] if ordered else None, "ratio_max": ordered[-1] if ordered else None}
+
+
+def measure_pair(sides: list[Side], point: plan.Point, args: argparse.Namespace, point_index: int) -> list[dict]:
+    """Both engines on ``point`` in turns; returns (test row, reference row)."""
+    points = [point, dataclasses.replace(point, label=sides[1].engine.name, pins=())]
+    warm: list[tuple[float, int]] = []
+    for side, pt in zip(sides, points, strict=True):  # each warms up alone, the other paused
+        resume(side.llm)
+        t = time.perf_counter()
+        side.load.begin(pt)
+        side.load.run_for(pt.warmup_s)
+        warm.append((time.perf_counter() - t, sum(side.load.tokens.values())))
+        pause(side.llm)
+    rounds: list[list[dict]] = [[], []]
+    for i in range(args.rounds):
+        for which in round_order(i):
+            side = sides[which]
+            resume(side.llm)
+            measured, _ = timed_round(side.llm, side.load, side.watch, args.round_s)
+            pause(side.llm)
+            rnd = measured.record()
+            rounds[which].append(rnd)
+            print_round(args.name, points[which], rnd, f"pair {i + 1}/{args.rounds}")
+    rows = [point_row(pt, side.load, w_s, w_tokens, rnds, args, point_index)
+            for side, pt, (w_s, w_tokens), rnds in zip(sides, points, warm, rounds, strict=True)]
+    rows[0]["pair"] = pair_summary(rounds[0], rounds[1], sides[1].engine.name)
+    rows[1]["paired_with"] = point.label
+    return rows
+
+
+def run_pair(sides: list[Side], points: list[plan.Point], args: argparse.Namespace) -> None:
+    timing = plan.Timing(round_s=args.round_s, rounds=args.rounds)
+    test = sides[0].engine
+    if test.specctl:
+        clear_pins(("high", "low"))
+    for index, point in enumerate(points):
+        if time.time() + 2 * plan.point_seconds(point, timing) > args.deadline:
+            print(f"[{args.name}] {point.label} {point.profile} c={point.concurrency}: not started, deadline", flush=True)
+            break
+        if point.pins:
+            set_pins(point.pins)
+        try:
+            rows = measure_pair(sides, point, args, index)
+            if test.specctl:
+                rows[0]["controller"] = controller_view(point.categories, sides[0].meta.get("model"))
+        finally:
+            if point.pins:
+                clear_pins(tuple(cat for cat, _ in point.pins))
+        for side, row in zip(sides, rows, strict=True):
+            meta = side.meta if side.watch.managers is None else {**side.meta, "graph_managers": side.watch.managers}
+            row["meta"] = meta
+            row["time"] = time.time()
+        for row in rows[::-1]:  # the reference first: a later test row of the point replaces the earlier one
+            append(args.out, row)
+        pair = rows[0]["pair"]
+        print(f"[{args.name}] {point.label} {point.profile} c={point.concurrency}: median "
+              f"{rows[0]['tok_per_s_median']:.0f} tok/s against {pair['engine']}'s "
+              f"{rows[1]['tok_per_s_median']:.0f}; paired ratio {pair['ratio_median']:.3f} "
+              f"({pair['ratio_min']:.3f}-{pair['ratio_max']:.3f})", flush=True)
 
 
 def append(paths: list[Path], row: dict) -> None:
@@ -470,6 +601,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="no torch.compile / CUDA graphs (CPU smoke tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", default=plan.DEFAULT_WORKLOAD, choices=sorted(plan.WORKLOADS))
+    p.add_argument("--pair-engine", default=None, help="SteadyEngine as JSON: the reference run in turns beside")
+    p.add_argument("--pair-env", default="{}", help="JSON object: the reference's environment changes (null: unset)")
+    p.add_argument("--pair-dispatch-file", default=None, help="where the reference's worker writes dispatch counts")
+    p.add_argument("--memory-share", type=float, default=None,
+                   help="gpu_memory_utilization of each engine (two engines share the GPU when paired)")
     args = p.parse_args(argv)
     if args.synthetic == "auto":
         import torch
@@ -496,7 +632,28 @@ def main(argv: list[str] | None = None) -> int:
     meta = engine_meta(llm, engine, kwargs, startup_s, args)
     print(f"[{engine.name}] engine up in {startup_s:.1f} s: v2 runner={meta['use_v2_model_runner']} "
           f"async={meta['async_scheduling']} cudagraph={meta['cudagraph_mode']} spec={meta['spec']}", flush=True)
-    run_points(llm, engine, points, meta, args)
+    if not args.pair_engine:
+        run_points(llm, engine, points, meta, args)
+        return 0
+    reference = plan.SteadyEngine.from_json(args.pair_engine)
+    t0 = time.perf_counter()
+    try:
+        with environment(json.loads(args.pair_env)):
+            ref_llm, ref_kwargs = build_engine(reference, args)
+            ref_meta = engine_meta(ref_llm, reference, ref_kwargs, time.perf_counter() - t0, args)
+    except Exception:  # noqa: BLE001 - the pair's reference failing is this call's result
+        traceback.print_exc()
+        print(f"[{engine.name}] reference engine {reference.name} start failed", flush=True)
+        return 3
+    print(f"[{engine.name}] reference {reference.name} up in {ref_meta['startup_s']:.1f} s", flush=True)
+    vocab = SHAPES[args.shape]["target"].vocab_size
+    workload = plan.WORKLOADS[args.workload]
+    sides = [Side(engine=engine, llm=llm, load=SteadyLoad(llm, vocab, args.seed, workload),
+                  watch=DispatchWatch(os.environ.get(DISPATCH_FILE_ENV)), meta=meta),
+             Side(engine=reference, llm=ref_llm, load=SteadyLoad(ref_llm, vocab, args.seed, workload),
+                  watch=DispatchWatch(args.pair_dispatch_file), meta=ref_meta)]
+    pause(ref_llm)
+    run_pair(sides, points, args)
     return 0
 
 

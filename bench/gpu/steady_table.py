@@ -183,6 +183,27 @@ def cold_start_text(rows: dict) -> str | None:
     return "cold start (first point of each specctl run)\n" + "\n".join(lines) if lines else None
 
 
+def paired_table(rows: dict) -> str | None:
+    """Rows measured in turns with a reference engine: the median of the per-pair ratios and their range, with
+    the two medians (the pair's own figures: drift between the rounds of one pair falls on both engines)."""
+    paired = sorted(((name, profile, c), row) for (name, profile, c), row in rows.items() if row.get("pair"))
+    if not paired:
+        return None
+    lines = ["| engine | profile | c | reference | paired ratio, median (min-max) | engine / reference tok/s |",
+             "|---|---|---|---|---|---|"]
+    for (name, profile, c), row in paired:
+        pair = row["pair"]
+        if pair.get("ratio_median") is None:
+            continue
+        ref = rows.get((pair["engine"], profile, c), {})
+        ref_tok = ref.get("tok_per_s_median") if ref.get("paired_with") == name else None
+        ref_text = f"{ref_tok:.0f}" if ref_tok is not None else "-"
+        lines.append(f"| {name} | {profile} | {c} | {pair['engine']} | {pair['ratio_median']:.3f} "
+                     f"({pair['ratio_min']:.3f}-{pair['ratio_max']:.3f}) | {row['tok_per_s_median']:.0f} / "
+                     f"{ref_text} |")
+    return "\n".join(lines)
+
+
 def failures_text(failures: dict) -> str:
     return "\n".join(f"{name}: did not start (exit {row.get('rc')}): {row.get('error', '')[:300]}"
                      for name, row in sorted(failures.items()))
@@ -220,6 +241,11 @@ def render(path: Path) -> str:
     if any(name.startswith(PREMISE) for (name, _, _) in rows):
         parts.append("premise: mean target step ms, specctl pinned at K / static-K engine")
         parts.append(premise_table(rows))
+    paired = paired_table(rows)
+    if paired:
+        parts.append("paired rounds: each engine measured in turns with its reference on one GPU (A B, B A ...), "
+                     "one ratio per pair of rounds")
+        parts.append(paired)
     if failures:
         parts.append(failures_text(failures))
     return "\n\n".join(parts) if parts else f"no rows in {path}"

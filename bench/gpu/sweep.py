@@ -41,6 +41,10 @@ from bench.gpu.steady_table import render
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: gpu_memory_utilization of each engine when two share the GPU (paired rounds); vLLM's default is 0.9 for one.
+PAIR_MEMORY_SHARE = 0.44
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", type=Path, required=True, help="JSONL results (appended; points already there skipped)")
@@ -80,7 +84,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ktable-backports", default="1",
                    help="SPECCTL_BACKPORTS of the K-table engine (1: every backport that applies; "
                         "drafter_graphs: only its start-up fix)")
+    p.add_argument("--pair-with", default="",
+                   help="a static engine (plain, k1 ...) started beside each engine of the call and measured in "
+                        "turns with it, round by round (steady.py: paired rounds)")
+    p.add_argument("--memory-share", type=float, default=PAIR_MEMORY_SHARE,
+                   help="--pair-with: gpu_memory_utilization of each of the two engines")
     return p.parse_args(argv)
+
+
+def pair_reference(name: str) -> plan.SteadyEngine | None:
+    """The reference engine ``--pair-with`` names: a static engine (no controller, so its points need no pins)."""
+    if not name:
+        return None
+    found = [e for e in (*plan.engines(), *plan.optional_engines()) if e.name == name]
+    if not found or found[0].specctl:
+        static = sorted(e.name for e in (*plan.engines(), *plan.optional_engines()) if not e.specctl)
+        raise SystemExit(f"--pair-with: one of the static engines {', '.join(static)}, got {name!r}")
+    return found[0]
+
+
+def env_changes(base: dict[str, str], wanted: dict[str, str]) -> dict[str, str | None]:
+    """What turns environment ``base`` into ``wanted`` (None: unset)."""
+    changes: dict[str, str | None] = {k: v for k, v in wanted.items() if base.get(k) != v}
+    changes.update({k: None for k in base if k not in wanted})
+    return changes
 
 
 def timing_of(args: argparse.Namespace) -> plan.Timing:
@@ -150,7 +177,7 @@ def child_env(engine: plan.SteadyEngine, base: dict[str, str], *, dist_dir: Path
 
 
 def run_child(engine: plan.SteadyEngine, points: list[plan.Point], args: argparse.Namespace, deadline: float,
-              controller: Controller) -> int:
+              controller: Controller, reference: plan.SteadyEngine | None = None) -> int:
     outs = [args.results] + [m / args.results.name for m in args.mirror]
     dispatch_file = args.state_dir / f"dispatch-{engine.name}.json"
     dispatch_file.unlink(missing_ok=True)  # a new worker starts counting at seq 1
@@ -163,10 +190,19 @@ def run_child(engine: plan.SteadyEngine, points: list[plan.Point], args: argpars
         cmd += ["--out", str(out)]
     if args.eager:
         cmd.append("--eager")
-    env = child_env(engine, dict(os.environ), dist_dir=write_plugin_dist(args.state_dir / "plugin_dist"),
+    dist_dir = write_plugin_dist(args.state_dir / "plugin_dist")
+    env = child_env(engine, dict(os.environ), dist_dir=dist_dir,
                     dispatch_file=dispatch_file, controller_url=controller.engine_url() if engine.specctl else None,
                     model_runner=args.model_runner, backports=args.ktable_backports)
-    print(f"== {engine.name}: {len(points)} points", flush=True)
+    if reference is not None:
+        ref_dispatch = args.state_dir / f"dispatch-{reference.name}-beside-{engine.name}.json"
+        ref_dispatch.unlink(missing_ok=True)
+        ref_env = child_env(reference, dict(os.environ), dist_dir=dist_dir, dispatch_file=ref_dispatch,
+                            controller_url=None, model_runner=args.model_runner, backports=args.ktable_backports)
+        cmd += ["--pair-engine", reference.to_json(), "--pair-env", json.dumps(env_changes(env, ref_env)),
+                "--pair-dispatch-file", str(ref_dispatch), "--memory-share", str(args.memory_share)]
+    print(f"== {engine.name}: {len(points)} points" + (f", in turns with {reference.name}" if reference else ""),
+          flush=True)
     return run_engine_process(engine.name, cmd, env, args.state_dir / f"{engine.name}.log", deadline + args.grace_s)
 
 
@@ -196,11 +232,12 @@ def export_steps(state_dir: Path, folders: list[Path]) -> None:
 
 
 def should_start(points: list[plan.Point], rows: dict, timing: plan.Timing, t_end: float,
-                 allow_partial: bool, now: float) -> bool:
+                 allow_partial: bool, now: float, engines: int = 1) -> bool:
+    """Whether the child fits the budget: ``engines`` (2 when paired) starts, and each point that many times."""
     startup = plan.startup_guess(rows)
-    if now + plan.engine_seconds(points, timing, startup) <= t_end:
+    if now + engines * plan.engine_seconds(points, timing, startup) <= t_end:
         return True
-    return allow_partial and now + plan.engine_seconds(points[:1], timing, startup) <= t_end
+    return allow_partial and now + engines * plan.engine_seconds(points[:1], timing, startup) <= t_end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
               "needs a results file of its own", file=sys.stderr)
         return 2
     rows, _ = plan.load_results(args.results)
-    full = sweep_plan(args, rows)
+    reference = pair_reference(args.pair_with)
+    full = [(e, pts) for e, pts in sweep_plan(args, rows) if reference is None or e.name != reference.name]
     left = [(e, plan.pending(pts, set(rows))) for e, pts in full]
     print(f"planned: full sweep {plan.planned_seconds(full, timing) / 60:.1f} min "
           f"({sum(len(p) for _, p in full)} points, {sum(1 for _, p in full if p)} engine starts at "
@@ -240,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {engine.name}: failed before ({failures[engine.name]['error'][:200]}); --retry-failed",
                       flush=True)
                 continue
-            if not should_start(todo, rows, timing, t_end, args.allow_partial, time.time()):
+            if not should_start(todo, rows, timing, t_end, args.allow_partial, time.time(),
+                                engines=1 if reference is None else 2):
                 print(f"== {engine.name}: not started, budget ({len(todo)} points left)", flush=True)
                 continue
-            rc = run_child(engine, todo, args, t_end, controller)
+            rc = run_child(engine, todo, args, t_end, controller, reference)
             after, _ = plan.load_results(args.results)
             produced = [k for k in after if k not in rows]
             if rc != 0:

@@ -119,3 +119,14 @@ def test_cold_start_compares_each_specctl_run_s_first_warm_up_with_the_k_max_eng
     assert "specctl low c=4: warm-up 800 tok/s over 10.0 s; no k7 warm-up at this point" in text
     assert "c=4: warm-up 1000" not in text  # not a first point: its controller had learned
     assert cold_start_text({k: v for k, v in rows.items() if k[0] == "k7"}) is None
+
+
+def test_paired_rows_show_the_median_of_their_per_pair_ratios(tmp_path):
+    pair = {"engine": "plain", "ratios": [0.97, 0.99, 0.98], "ratio_median": 0.98, "ratio_min": 0.97,
+            "ratio_max": 0.99}
+    path = results(tmp_path, [row("plain", "low", 64, 7700, 7600, 7800, paired_with="premise-k0"),
+                              row("premise-k0", "low", 64, 7546, 7400, 7600, pair=pair),
+                              row("k2", "low", 64, 7000, 6900, 7100)])
+    text = render(path)
+    assert "| premise-k0 | low | 64 | plain | 0.980 (0.970-0.990) | 7546 / 7700 |" in text
+    assert "| k2 | low | 64 |" not in text  # measured alone: no paired line

@@ -7,7 +7,17 @@ import json
 import pytest
 
 from bench.gpu import steady_plan as plan
-from bench.gpu.sweep import REPO, child_env, error_row, parse, should_start, sweep_plan, timing_of
+from bench.gpu.sweep import (
+    REPO,
+    child_env,
+    env_changes,
+    error_row,
+    pair_reference,
+    parse,
+    should_start,
+    sweep_plan,
+    timing_of,
+)
 
 BY_NAME = {e.name: e for e in plan.engines() + plan.optional_engines()}
 
@@ -135,3 +145,40 @@ def test_a_results_file_holds_one_workload(tmp_path, capsys, existing, asked, re
         assert rc == 2 and "needs a results file of its own" in capsys.readouterr().err
     else:
         assert "needs a results file of its own" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("base", "wanted", "changes"), [
+    ({"A": "1", "B": "2"}, {"A": "1", "B": "3"}, {"B": "3"}),
+    ({"A": "1", "B": "2"}, {"A": "1"}, {"B": None}),
+    ({"A": "1"}, {"A": "1", "C": "4"}, {"C": "4"}),
+    ({"A": "1"}, {"A": "1"}, {}),
+])
+def test_the_reference_gets_only_what_differs_from_the_engine_s_environment(base, wanted, changes):
+    assert env_changes(base, wanted) == changes
+
+
+def test_a_paired_reference_is_a_static_engine():
+    assert pair_reference("") is None
+    assert pair_reference("plain").name == "plain" and not pair_reference("k4").specctl
+    for name in ("specctl_skip", "premise", "no-such-engine"):
+        with pytest.raises(SystemExit, match="--pair-with"):
+            pair_reference(name)
+
+
+def test_paired_reference_environment_reports_nowhere_while_the_engine_reports(tmp_path):
+    specctl = env_for("specctl_skip", tmp_path)
+    plain = child_env(BY_NAME["plain"], {"PYTHONPATH": "/site"}, dist_dir=tmp_path / "dist",
+                      dispatch_file=tmp_path / "ref.json", controller_url=None, model_runner="v2")
+    changes = env_changes(specctl, plain)
+    assert changes["SPECCTL_CONTROLLER_URL"] == "off"
+    assert changes["SPECCTL_BENCH_DISPATCH_FILE"] == str(tmp_path / "ref.json")
+    assert changes["SPECCTL_DRAFT_AT_ZERO"] is None  # the engine's own setting does not leak into plain
+
+
+def test_a_pair_must_fit_two_starts_and_each_point_twice():
+    timing = plan.Timing()
+    points = plan.engine_points(BY_NAME["k2"], timing=timing)[:1]
+    one = plan.engine_seconds(points, timing, plan.STARTUP_GUESS_S)
+    assert should_start(points, {}, timing, 1000.0 + one + 1, False, now=1000.0, engines=1)
+    assert not should_start(points, {}, timing, 1000.0 + one + 1, False, now=1000.0, engines=2)
+    assert should_start(points, {}, timing, 1000.0 + 2 * one + 1, False, now=1000.0, engines=2)
