@@ -511,6 +511,12 @@ def measure_pair(sides: list[Side], point: plan.Point, args: argparse.Namespace,
             for side, pt, (w_s, w_tokens), rnds in zip(sides, points, warm, rounds, strict=True)]
     rows[0]["pair"] = pair_summary(rounds[0], rounds[1], sides[1].engine.name)
     rows[1]["paired_with"] = point.label
+    for side, pt, row in zip(sides, points, rows, strict=True):  # after the rounds, each alone, as unpaired
+        if profile_dir(side.engine.name) is not None:
+            resume(side.llm)
+            profile_point(side.llm, side.load, pt, profile_steps())
+            pause(side.llm)
+            row["profiled_steps"] = profile_steps()
     return rows
 
 

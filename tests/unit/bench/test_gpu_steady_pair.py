@@ -111,3 +111,31 @@ def test_one_engine_runs_at_a_time_in_alternating_order_and_the_rows_say_who_was
     assert test_row["pair"]["ratios"] == pytest.approx([0.9, 1.0, 0.95])
     assert test_row["pair"]["ratio_median"] == pytest.approx(0.95)
     assert test_row["warmup_tokens"] == 20 and test_row["tok_per_s_median"] == pytest.approx(95.0)
+
+
+def test_with_profiling_each_engine_is_profiled_alone_after_the_rounds(monkeypatch) -> None:
+    log: list = []
+
+    def fake_round(llm, load, watch, round_s, aligned=False):
+        log.append((llm.engine_core.name, "round"))
+        return Round(seconds=1.0, tokens=100, tokens_by_category={"low": 100}, driver_steps=10, model_steps=None,
+                     window_s=None, spec={}, dispatch={}), True
+
+    def fake_profile(llm, load, point, steps):
+        assert log[-1] == (llm.engine_core.name, "resume_scheduler", ())
+        log.append((llm.engine_core.name, "profile", point.label, steps))
+
+    monkeypatch.setattr(steady, "timed_round", fake_round)
+    monkeypatch.setattr(steady, "profile_point", fake_profile)
+    monkeypatch.setenv(steady.PROFILE_DIR_ENV, "/p")
+    monkeypatch.setenv(steady.PROFILE_STEPS_ENV, "7")
+    sides = [steady.Side(engine=plan.PREMISE_ENGINE, llm=Engine("test", log), load=Load("test", log), watch=None,
+                         meta={}),
+             steady.Side(engine=plan.SteadyEngine(name=plan.PLAIN, k=0), llm=Engine("ref", log),
+                         load=Load("ref", log), watch=None, meta={})]
+    point = plan.Point(label="premise-k0", profile="low", concurrency=64, warmup_s=1.0)
+    rows = steady.measure_pair(sides, point, argparse.Namespace(rounds=2, round_s=1.0, name="premise"), 0)
+    profiled = [entry for entry in log if entry[1] == "profile"]
+    assert profiled == [("test", "profile", "premise-k0", 7), ("ref", "profile", "plain", 7)]
+    assert log.index(profiled[0]) > max(i for i, e in enumerate(log) if e[1] == "round")
+    assert [row["profiled_steps"] for row in rows] == [7, 7]
