@@ -89,7 +89,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "turns with it, round by round (steady.py: paired rounds)")
     p.add_argument("--memory-share", type=float, default=PAIR_MEMORY_SHARE,
                    help="--pair-with: gpu_memory_utilization of each of the two engines")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.05 <= args.memory_share <= 0.5:
+        p.error(f"--memory-share: each of two engines on one GPU takes 0.05-0.5 of its memory, got {args.memory_share}")
+    return args
 
 
 def pair_reference(name: str) -> plan.SteadyEngine | None:

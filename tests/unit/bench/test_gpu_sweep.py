@@ -182,3 +182,11 @@ def test_a_pair_must_fit_two_starts_and_each_point_twice():
     assert should_start(points, {}, timing, 1000.0 + one + 1, False, now=1000.0, engines=1)
     assert not should_start(points, {}, timing, 1000.0 + one + 1, False, now=1000.0, engines=2)
     assert should_start(points, {}, timing, 1000.0 + 2 * one + 1, False, now=1000.0, engines=2)
+
+
+@pytest.mark.parametrize("share", ["0", "0.6", "1.0"])
+def test_two_engines_cannot_ask_for_more_than_half_the_gpu_each(share, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(["--results", "r.jsonl", "--pair-with", "plain", "--memory-share", share])
+    assert exc.value.code == 2
+    assert "--memory-share" in capsys.readouterr().err
