@@ -7,7 +7,9 @@
 #     mixed targets against plain, drift cancelled);
 #  2. premise-k0 (pinned K = 0, drafter skipped) beside plain on low at 64 and 256, each engine profiled alone
 #     for 60 steps after its rounds: `gpu.trace_summary` compares decode-only steps (trace_summary_s16.json);
-#  3. specctl_skip beside K = 7 on high at 1 and 16 (the high target against the best static there).
+#  3. specctl_skip beside K = 7 on high at 1 and 16 (the high target against the best static there);
+#  4. where time is left, specctl_skip beside K = 7 on mixed at 64 (K = 7 was the best static there in session 12,
+#     1.10x plain; 0.99x in session 14): the mixed target against the best static, paired.
 set -uo pipefail
 # shellcheck source=prelude.sh
 source "$(dirname "$0")/prelude.sh"
@@ -25,4 +27,6 @@ unset SPECCTL_BENCH_PROFILE_DIR
 python3 -m bench gpu.trace_summary "$PROFILES" --out "$OUTDIR/trace_summary_s16.json"
 sweep --results "$RESULTS" --mirror "$OUTDIR/mirror" --only specctl_skip --profiles high --concurrency 1,16 \
     --pair-with k7 "${PAIRED[@]}" --allow-partial
+sweep --results "$OUTDIR/h200_steady_spread_s16_pair_mixed_k7.jsonl" --mirror "$OUTDIR/mirror" --only specctl_skip \
+    --profiles mixed --concurrency 64 --pair-with k7 "${PAIRED[@]}" --allow-partial
 session_done
