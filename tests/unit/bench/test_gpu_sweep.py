@@ -190,3 +190,47 @@ def test_two_engines_cannot_ask_for_more_than_half_the_gpu_each(share, capsys):
         parse(["--results", "r.jsonl", "--pair-with", "plain", "--memory-share", share])
     assert exc.value.code == 2
     assert "--memory-share" in capsys.readouterr().err
+
+
+def test_a_paired_child_gets_the_reference_its_environment_and_its_own_dispatch_file(tmp_path, monkeypatch):
+    from bench.gpu import sweep
+
+    started = {}
+
+    def fake_process(name, cmd, env, log, deadline):
+        started.update(name=name, cmd=cmd, env=env)
+        return 0
+
+    class FakeController:
+        def engine_url(self):
+            return "http://127.0.0.1:9"
+
+    monkeypatch.setattr(sweep, "run_engine_process", fake_process)
+    args = parse(["--results", str(tmp_path / "r.jsonl"), "--state-dir", str(tmp_path / "state"),
+                  "--pair-with", "plain", "--memory-share", "0.4"])
+    args.state_dir.mkdir()
+    engine = BY_NAME["specctl_skip"]
+    points = plan.engine_points(engine, ("low",), (64,), timing_of(args))
+    assert sweep.run_child(engine, points, args, 1e12, FakeController(), pair_reference("plain")) == 0
+    cmd = started["cmd"]
+    arg = {flag: cmd[cmd.index(flag) + 1] for flag in ("--pair-engine", "--pair-env", "--pair-dispatch-file",
+                                                      "--memory-share")}
+    assert json.loads(arg["--pair-engine"])["name"] == "plain"
+    assert arg["--memory-share"] == "0.4"
+    changes = json.loads(arg["--pair-env"])
+    assert changes["SPECCTL_CONTROLLER_URL"] == "off" and changes["VLLM_PLUGINS"] == "specctl_bench"
+    assert changes["SPECCTL_BENCH_DISPATCH_FILE"] == arg["--pair-dispatch-file"] != started["env"][
+        "SPECCTL_BENCH_DISPATCH_FILE"]
+    assert started["env"]["SPECCTL_CONTROLLER_URL"] == "http://127.0.0.1:9"  # the engine under test reports
+
+
+def test_an_unpaired_child_gets_no_pair_arguments(tmp_path, monkeypatch):
+    from bench.gpu import sweep
+
+    started = {}
+    monkeypatch.setattr(sweep, "run_engine_process", lambda name, cmd, env, log, deadline: started.update(cmd=cmd))
+    args = parse(["--results", str(tmp_path / "r.jsonl"), "--state-dir", str(tmp_path / "state")])
+    args.state_dir.mkdir()
+    engine = BY_NAME["k2"]
+    sweep.run_child(engine, plan.engine_points(engine, ("low",), (64,), timing_of(args)), args, 1e12, None)
+    assert not any(a.startswith("--pair") or a == "--memory-share" for a in started["cmd"])
