@@ -46,6 +46,7 @@ from bench.gpu.steady_stats import (
     model_steps,
     slot_category,
     spec_counters,
+    spread_of,
     summarise,
     target_modes,
 )
@@ -479,11 +480,9 @@ def round_order(i: int) -> tuple[int, int]:
 def pair_summary(test: list[dict], reference: list[dict], reference_name: str) -> dict:
     """The test engine's goodput over the reference's, pair by pair of rounds: median, range, each ratio."""
     ratios = [a["tok_per_s"] / b["tok_per_s"] for a, b in zip(test, reference, strict=True) if b["tok_per_s"] > 0]
-    ordered = sorted(ratios)
-    mid = len(ordered) // 2
-    median = (ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2) if ordered else None
-    return {"engine": reference_name, "ratios": ratios, "ratio_median": median,
-            "ratio_min": ordered[0] if ordered else None, "ratio_max": ordered[-1] if ordered else None}
+    s = spread_of(ratios)
+    return {"engine": reference_name, "ratios": ratios, "ratio_median": s.median if s else None,
+            "ratio_min": s.min if s else None, "ratio_max": s.max if s else None}
 
 
 def measure_pair(sides: list[Side], point: plan.Point, args: argparse.Namespace, point_index: int) -> list[dict]:
