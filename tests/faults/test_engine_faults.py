@@ -17,6 +17,7 @@ overrides in SQLite), so k=1 means "follows the controller" and k=4 "static conf
 
 from __future__ import annotations
 
+import collections
 import itertools
 import signal
 import time
@@ -115,11 +116,40 @@ def _outage(suite: FaultSuite, t_fault: float, healed: float, timeout_s: float =
             break
         time.sleep(0.05)
     gaps = [pair for pair in itertools.pairwise(times) if pair[1] > t_fault]
-    assert gaps and gaps[-1][1] > healed, "the engine got no controller answer on one side of the fault"
+    assert gaps and gaps[-1][1] > healed, (
+        "the engine got no controller answer on one side of the fault\n" + _exchange_report(suite, t_fault, healed))
     possibly, back_at = max(gaps, key=lambda pair: pair[1] - pair[0])
     surely = max((done for done, sure in answers if sure and done <= possibly), default=possibly)
     back_surely = min((done for done, sure in answers if sure and done >= back_at), default=back_at)
     return surely, possibly, back_at, back_surely
+
+
+def _exchange_report(suite: FaultSuite, t_fault: float, healed: float) -> str:
+    """What passed between engine and controller around a fault, for a failure message: which of the
+    engine's posts reached the proxy, what came back and how late, the proxy's counters and the ends of the
+    controller's and the engine's logs. A wait that finds no usable answer has several causes (the reporter
+    stopped posting, the controller answered late or with an error, the proxy lost its upstream); this tells
+    them apart after the fact."""
+    def phase(t: float) -> str:
+        return "before" if t < t_fault else "during" if t < healed else "after"
+
+    posts = collections.Counter((phase(s.at), str(s.fault)) for s in suite.proxy.seen_since(t_fault - 2.0))
+    answers: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
+    for got, done, status, fault in list(suite.proxy.answers):
+        if done >= t_fault - 2.0:
+            answers[(phase(done), str(fault), status)].append(done - got)
+    answered = {f"{key}": f"{len(lat)} answers, latency max {max(lat):.3f} s" for key, lat in sorted(answers.items())}
+    stats = suite.proxy.stats
+    return "\n".join([
+        f"fault at {t_fault:.3f}, healed at {healed:.3f}, now {time.monotonic():.3f} (monotonic)",
+        f"posts read by the proxy (phase, fault in force): {dict(sorted(posts.items()))}",
+        f"answers written (phase, fault, status): {answered}",
+        (f"proxy: statuses {dict(stats.statuses)}, upstream errors {stats.upstream_errors}, "
+         f"connections {stats.connections}"),
+        "controller log, last lines:", suite.controller.log_text()[-1500:],
+        "engine log, last specctl lines:",
+        *[line[-300:] for line in suite.engine.log_text().splitlines() if "specctl" in line][-12:],
+    ])
 
 
 def _reattached_at(suite: FaultSuite, since: float, timeout_s: float) -> float | None:
