@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu.steady_widths": "bench.gpu.steady_widths",
     "gpu.budget_model": "bench.gpu.budget_model",
     "gpu.meter_replay": "bench.gpu.meter_replay",
+    "gpu.check_noise": "bench.gpu.check_noise",
     "gpu.premise": "bench.gpu.premise",
     "gpu.seed_static": "bench.gpu.seed_static",
     "gpu.dispatch_check": "bench.gpu.dispatch_check",

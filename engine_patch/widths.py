@@ -46,7 +46,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
-from specctl_vllm.controller.core.model.measured import GoodputMeter, Verdict, probe_due, verdict
+from specctl_vllm.controller.core.model.measured import (
+    BLOCK_STEPS,
+    SETTLE_STEPS,
+    GoodputMeter,
+    Verdict,
+    probe_due,
+    verdict,
+)
 from specctl_vllm.controller.core.model.widths import (
     COLD_BETA,
     TokenBudget,
@@ -78,8 +85,9 @@ RULE_REUSE_SHARE = 0.05
 STEADY_EXPLORE_RUN = 2
 #: Steps of a probe run of the measured check: long enough that the steps past its settling ones average over
 #: the prompt steps among them (on the H200 one step in two carries a prompt at 64 requests, and a block of 17
-#: steps' goodput spreads 10-20 % there, 5 % at 256).
-PROBE_RUN = 32
+#: steps' goodput spreads 10-20 % there, 5 % at 256); its measured steps are one block of the meter's
+#: between-block spread (32 steps).
+PROBE_RUN = SETTLE_STEPS + BLOCK_STEPS
 #: Steps of a bucket between the starts of two probe runs (and before the first): a probe's share of steps is at
 #: most PROBE_RUN / (PROBE_RUN + PROBE_GAP), and only while the comparison is undecided; otherwise the
 #: evidence's fading sets the pace (a probe every ~1000-2000 steps).

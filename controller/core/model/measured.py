@@ -16,8 +16,14 @@ measures prefill whatever the width, and without drafts it would read as K = 0.
 
     K > 0 runs only while  g(K) >= g(0) * (1 + BASE_MARGIN + Z * sqrt(rse(0)^2 + rse(K)^2))
 
-``g`` = decayed committed tokens / decayed seconds, ``rse`` its relative standard error from the decayed
-per-step spread of ``seconds - g^-1 * committed`` (the ratio estimator's). Where either width has too little
+``g`` = decayed committed tokens / decayed seconds, ``rse`` its relative standard error: the ratio estimator's,
+from the decayed spread of ``seconds - g^-1 * committed`` per step, or per block of :data:`BLOCK_STEPS`
+consecutive measured steps of a run where that is larger. Steps of a steady load are not independent (a step's
+prompt chunks are the completions of the steps before it, requests finish in waves, the host drifts): over
+the H200 recordings of sessions 1-15 (``python -m bench gpu.check_noise``) the spread of 29-step blocks put the
+standard error at a median 1.44x, at 256 requests 1.5-2.4x, and at most 5x the per-step one, so a margin from
+steps alone confirmed gains that were noise. Where a cell has fewer than :data:`MIN_BLOCKS` blocks, its per-step
+figure is scaled by the other width's block-to-step ratio where that one has them (:func:`margin`). Where either width has too little
 evidence the model's width runs and a probe run of the unmeasured width is due (:func:`probe_due`); where the
 drafting width does not clear the margin, K = 0 runs and the drafting width is probed until the comparison is
 decided.
@@ -69,6 +75,13 @@ RECHECK_STEPS = 30.0
 #: While the comparison is undecided (the gain inside the margin), the width with fewer steps is probed until
 #: it has this many decayed steps: the margin then rests on hundreds of steps, not on one probe.
 DECIDE_STEPS = 200.0
+#: Measured steps of one block of the between-block spread: a probe run's measured steps (the engine's probe
+#: run is SETTLE_STEPS + BLOCK_STEPS), so one probe is one block, and blocks long enough to hold the waves of
+#: prompt steps a steady load runs in (on the H200 the spread kept growing from blocks of 8 steps to 29).
+BLOCK_STEPS = 29
+#: Decayed blocks a cell needs before its own between-block spread is used (the spread of two blocks is one
+#: degree of freedom); below it the other width's ratio of block to step spread scales its per-step figure.
+MIN_BLOCKS = 3.0
 #: Categories a cell keeps the mix of (the rest of a step's mix is left out of the cell's; an engine's categories
 #: are capped well below this by the controller's policy).
 MAX_MIX_CATEGORIES = 64
@@ -89,28 +102,42 @@ class Measured:
     rse: float
     steps: float
     mix: Mapping[str, float] = field(default_factory=dict)
+    #: decayed closed blocks behind the between-block spread
+    blocks: float = 0.0
+    #: rse / the per-step rse where the cell has MIN_BLOCKS blocks (>= 1: the blocks' spread never narrows
+    #: the per-step one), None where it has fewer
+    inflation: float | None = None
 
 
 NOTHING = Measured(goodput=0.0, rse=math.inf, steps=0.0)
 
 
+#: Where a cell's sums sit in its list: the step sums (weight, seconds, committed and their second moments),
+#: the mix, then the same sums over closed blocks (weight in blocks).
+_STEPS, _MIX, _BLOCKS = slice(1, 7), 7, slice(8, 14)
+
+
 class GoodputMeter:
     """Decayed per-(bucket, width) sums over timed steps past the first :data:`SETTLE_STEPS` of a run:
     weight, seconds, committed tokens and their second moments (seconds^2, committed^2, seconds x committed),
-    and the decayed weight of each category of the steps' mixes."""
+    the decayed weight of each category of the steps' mixes, and the same sums over blocks of
+    ``block_steps`` consecutive measured steps of one run (a run's last block counts once it holds half that)."""
 
     def __init__(self, edges: Sequence[int] = BATCH_EDGES, decay: float = MEASURED_DECAY,
-                 settle: int = SETTLE_STEPS) -> None:
+                 settle: int = SETTLE_STEPS, block_steps: int = BLOCK_STEPS, min_blocks: float = MIN_BLOCKS) -> None:
         self.edges = tuple(edges)
         self.decay = decay
         self.settle = settle
+        self.block_steps = max(int(block_steps), 2)
+        self.min_blocks = min_blocks
         # the project's one decay formula, in steps: a per-step factor ``decay`` is a half-life of ln 2 / -ln decay
         self._half_life = math.log(0.5) / math.log(decay) if 0 < decay < 1 else math.inf
         self.clock = 0  # timed steps observed (every width, every bucket): the sums age by it
-        # (bucket, width) -> [t, n, x, y, xx, yy, xy, {category: decayed share}]
+        # (bucket, width) -> [t, n, x, y, xx, yy, xy, {category: decayed share}, bn, bx, by, bxx, byy, bxy]
         self._cells: dict[tuple[int, int], list[Any]] = {}
         self._last: int | None = None  # width of the step observed last
         self._run = 0  # steps of the current run (same width back to back)
+        self._block: list[Any] | None = None  # the open block: [cell key, seconds, committed, measured steps]
 
     def observe(self, batch: int, width: int, committed: int, interval_s: float | None,
                 mix: Mapping[str, float] | None = None) -> None:
@@ -120,6 +147,8 @@ class GoodputMeter:
         width = min(max(width, 0), MAX_K)  # one key past any engine's width set: the table stays bounded
         self._run = self._run + 1 if width == self._last else 1
         self._last = width
+        if self._run == 1:
+            self._close_block()  # a block never spans two runs: the next run starts in another state
         if interval_s is None or not (0 < interval_s < 60) or batch <= 0 or committed < 0:
             return
         self.clock += 1
@@ -128,21 +157,40 @@ class GoodputMeter:
         key = self._key(batch, width)
         cell = self._cells.get(key)
         if cell is None:
-            cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, {}]
+            cell = self._cells[key] = [float(self.clock), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, {}, 0.0, 0.0, 0.0, 0.0,
+                                       0.0, 0.0]
         else:
             self._age(cell)
         x, y = interval_s, float(committed)
-        cell[1] += 1.0
-        cell[2] += x
-        cell[3] += y
-        cell[4] += x * x
-        cell[5] += y * y
-        cell[6] += x * y
+        _add_moments(cell, 1, 1.0, x, y)
         if mix and width > 0:  # K = 0 commits one token a request at any mix: its reading is never rescaled
-            kept = cell[7]
+            kept = cell[_MIX]
             for category, share in mix.items():
                 if share > 0 and (category in kept or len(kept) < MAX_MIX_CATEGORIES):
                     kept[category] = kept.get(category, 0.0) + share
+        block = self._block
+        if block is not None and block[0] != key:
+            self._close_block()  # the run moved to another bucket
+            block = None
+        if block is None:
+            block = self._block = [key, 0.0, 0.0, 0]
+        block[1] += x
+        block[2] += y
+        block[3] += 1
+        if block[3] >= self.block_steps:
+            self._close_block()
+
+    def _close_block(self) -> None:
+        """Fold the open block into its cell's block sums (half a block or more: a shorter one is mostly the
+        noise of its few steps), and start none."""
+        block, self._block = self._block, None
+        if block is None or 2 * block[3] < self.block_steps:
+            return
+        cell = self._cells.get(block[0])
+        if cell is None:
+            return
+        self._age(cell)
+        _add_moments(cell, _BLOCKS.start, 1.0, block[1], block[2])
 
     def _key(self, batch: int, width: int) -> tuple[int, int]:
         return bucket_of(batch, self.edges), min(max(width, 0), MAX_K)
@@ -154,9 +202,9 @@ class GoodputMeter:
     def _age(self, cell: list[float]) -> None:
         f = self._factor(cell)
         if f < 1.0:
-            for i in range(1, 7):
+            for i in (*range(_STEPS.start, _STEPS.stop), *range(_BLOCKS.start, _BLOCKS.stop)):
                 cell[i] *= f
-            kept = cell[7]
+            kept = cell[_MIX]
             for category in kept:
                 kept[category] *= f
         cell[0] = float(self.clock)
@@ -173,17 +221,21 @@ class GoodputMeter:
         n, x, y = cell[1] * f, cell[2] * f, cell[3] * f
         if n <= 0 or x <= 0 or y <= 0:
             return NOTHING
-        seconds_per_token = x / y
-        # the ratio estimator's variance: var(x - r y) / (n ybar^2), with the decayed second moments
-        r = seconds_per_token
-        spread = (cell[4] - 2 * r * cell[6] + r * r * cell[5]) * f / n
-        rse = math.sqrt(max(spread, 0.0) / n) / (x / n) if n > 1 else math.inf
-        kept = cell[7]
+        rse = _ratio_rse(cell[_STEPS], f)
+        inflation = None
+        blocks = cell[_BLOCKS.start] * f
+        if blocks >= self.min_blocks and 0 < rse < math.inf:
+            # blocks of consecutive steps carry the correlation between steps that the per-step spread misses
+            # (a few blocks: their spread over n - 1); it never narrows the per-step one
+            inflation = max(_ratio_rse(cell[_BLOCKS], f, ddof=1.0) / rse, 1.0)
+            rse *= inflation
+        kept = cell[_MIX]
         scale = 1.0
         if transfer is not None and kept:
             got = transfer(kept)
             scale = got if isinstance(got, float | int) and 0 < got < math.inf else 1.0
-        return Measured(goodput=scale * y / x, rse=rse, steps=n, mix=dict(kept))
+        return Measured(goodput=scale * y / x, rse=rse, steps=n, mix=dict(kept), blocks=blocks,
+                        inflation=inflation)
 
     @property
     def timing(self) -> bool:
@@ -191,9 +243,39 @@ class GoodputMeter:
         return self.clock > 0
 
 
+def _add_moments(cell: list[Any], at: int, n: float, x: float, y: float) -> None:
+    """Add one sample (weight ``n``, seconds ``x``, committed ``y``) to the six sums starting at ``at``."""
+    cell[at] += n
+    cell[at + 1] += x
+    cell[at + 2] += y
+    cell[at + 3] += x * x
+    cell[at + 4] += y * y
+    cell[at + 5] += x * y
+
+
+def _ratio_rse(sums: Sequence[float], f: float, ddof: float = 0.0) -> float:
+    """Relative standard error of committed / seconds from six decayed sums (weight, seconds, committed,
+    seconds^2, committed^2, seconds x committed) aged by ``f``: the ratio estimator's variance
+    var(x - r y) / (n xbar^2), r = seconds per committed token, the spread taken over ``n - ddof`` (inf below
+    two samples' weight)."""
+    n, x, y = sums[0] * f, sums[1] * f, sums[2] * f
+    if n <= 1 or x <= 0 or y <= 0:
+        return math.inf
+    r = x / y
+    spread = (sums[3] - 2 * r * sums[5] + r * r * sums[4]) * f / (n - ddof)
+    return math.sqrt(max(spread, 0.0) / n) / (x / n)
+
+
 def margin(plain: Measured, drafting: Measured, base: float = BASE_MARGIN, z: float = Z) -> float:
-    """The relative gain a drafting width must show over K = 0 given both measurements' noise."""
-    return base + z * math.sqrt(plain.rse ** 2 + drafting.rse ** 2)
+    """The relative gain a drafting width must show over K = 0 given both measurements' noise. A measurement
+    without its own blocks (a width measured by one or two probes) is scaled by the other's ratio of block to
+    step spread: the traffic and the host that spread its steps are the same."""
+    pooled = max((m.inflation for m in (plain, drafting) if m.inflation is not None), default=1.0)
+
+    def noise(m: Measured) -> float:
+        return m.rse if m.inflation is not None else m.rse * pooled
+
+    return base + z * math.sqrt(noise(plain) ** 2 + noise(drafting) ** 2)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -164,3 +164,84 @@ def test_widths_and_batches_of_any_size_keep_the_table_bounded() -> None:
             meter.observe(batch, width, 5, 0.01)
     assert len(meter._cells) <= 2 * (MAX_K + 1)
     assert meter.reading(10**6, 10**4).steps > 0  # a width past MAX_K reads its one key
+
+
+# -- the spread between blocks of steps ----------------------------------------------------------------------
+
+def feed_runs(meter: GoodputMeter, runs: list[tuple[int, int, float]], committed: int = 64,
+              noise: float = 0.0, rng: np.random.Generator | None = None) -> None:
+    """Runs of (width, steps, seconds per step), each step's time spread by ``noise`` (independent)."""
+    for width, steps, seconds in runs:
+        feed(meter, width, steps, seconds, committed, noise=noise, rng=rng)
+
+
+@pytest.mark.parametrize(("runs", "blocks"), [
+    ([(0, 20, 0.01), (1, 1, 0.02)], 1),  # a run of 20 measured steps: one block (half of 29 or more)
+    ([(0, 14, 0.01), (1, 1, 0.02)], 0),  # 14: too short to be a block
+    ([(0, 58, 0.01), (1, 1, 0.02)], 2),  # two full blocks
+    ([(0, 10, 0.01), (1, 1, 0.02), (0, 10, 0.01), (1, 1, 0.02)], 0),  # never one block across two runs
+    ([(0, 28, 0.01)], 0),  # the open block counts once it closes
+    ([(0, 29, 0.01)], 1),  # ... which a full one does at once
+])
+def test_blocks_are_consecutive_steps_of_one_run(runs, blocks) -> None:
+    meter = GoodputMeter(settle=0, decay=1.0, block_steps=29)
+    feed_runs(meter, runs)
+    assert meter.reading(64, 0).blocks == pytest.approx(blocks)
+
+
+def test_a_change_of_bucket_closes_the_block() -> None:
+    meter = GoodputMeter(settle=0, decay=1.0, block_steps=10)
+    feed(meter, 0, 6, 0.01, 64, batch=64)
+    feed(meter, 0, 6, 0.03, 250, batch=250)  # the same run, another bucket
+    assert meter.reading(64, 0).blocks == pytest.approx(1.0)
+    assert meter.reading(250, 0).blocks == pytest.approx(0.0)  # its block is still open
+
+
+def test_independent_steps_keep_the_per_step_error() -> None:
+    rng = np.random.default_rng(3)
+    meter = GoodputMeter(settle=0, decay=1.0, block_steps=20)
+    feed_runs(meter, [(0, 2000, 0.010), (1, 1, 0.02)], noise=0.3, rng=rng)
+    r = meter.reading(64, 0)
+    assert r.blocks == pytest.approx(100)
+    assert 1.0 <= r.inflation < 1.3  # blocks of independent steps spread as the steps say
+    assert r.rse == pytest.approx(0.3 / math.sqrt(2000), rel=0.3)
+
+
+def test_correlated_steps_widen_the_error_to_the_blocks_spread() -> None:
+    """Each run sits 10 % above or below the mean (the waves of a steady load, a drifting host): the steps of a
+    run agree with each other, so their spread says little about the mean's error; the runs' does."""
+    rng = np.random.default_rng(5)
+    meter = GoodputMeter(settle=0, decay=1.0, block_steps=29)
+    runs = []
+    for _ in range(12):
+        runs += [(0, 29, 0.010 * (1 + rng.choice([-0.1, 0.1]))), (1, 1, 0.02)]
+    feed_runs(meter, runs, noise=0.01, rng=rng)
+    r = meter.reading(64, 0)
+    per_step = 0.01 / math.sqrt(12 * 29)
+    between_runs = 0.1 / math.sqrt(12)
+    assert r.inflation > 5
+    assert r.rse == pytest.approx(between_runs, rel=0.4)
+    assert r.rse > 10 * per_step
+
+
+def test_too_few_blocks_leave_the_per_step_error_alone() -> None:
+    rng = np.random.default_rng(7)
+    meter = GoodputMeter(settle=0, decay=1.0, block_steps=29)
+    feed_runs(meter, [(0, 29, 0.009), (1, 1, 0.02), (0, 29, 0.011), (1, 1, 0.02)], noise=0.01, rng=rng)
+    r = meter.reading(64, 0)
+    assert r.blocks == pytest.approx(2)
+    assert r.inflation is None
+
+
+@pytest.mark.parametrize(("plain", "drafting", "expected"), [
+    (Measured(goodput=100, rse=0.02, steps=500, inflation=2.0), Measured(goodput=110, rse=0.03, steps=29),
+     0.01 + math.hypot(0.02, 0.06)),  # the probed width had one block: the other's ratio scales it
+    (Measured(goodput=100, rse=0.02, steps=29), Measured(goodput=110, rse=0.03, steps=500, inflation=1.5),
+     0.01 + math.hypot(0.03, 0.03)),
+    (Measured(goodput=100, rse=0.02, steps=500, inflation=2.0), Measured(goodput=110, rse=0.03, steps=500,
+                                                                         inflation=1.2),
+     0.01 + math.hypot(0.02, 0.03)),  # each its own: rse already holds it
+    (m(100), m(110, rse=0.03), 0.01 + math.hypot(0.02, 0.03)),  # neither: per step
+])
+def test_the_margin_lends_a_width_without_blocks_the_other_s_ratio(plain, drafting, expected) -> None:
+    assert margin(plain, drafting) == pytest.approx(expected)

@@ -1,0 +1,181 @@
+"""How far the measured check's per-step standard error understates the spread of goodput between blocks of steps.
+
+The measured check (:mod:`specctl_vllm.controller.core.model.measured`) compares what a drafting width and K = 0
+committed per second of engine time, with a margin of one standard error of the difference. The per-step
+standard error treats steps as independent; on a steady load they are not: a step's prompt chunks are the
+completions of the steps before it, requests finish in waves, and the host drifts. This replays recorded steps
+the way the engine's meter counts them (runs of one width in one batch bucket, the first
+:data:`~specctl_vllm.controller.core.model.measured.SETTLE_STEPS` of each run left out, steps with an interval
+only) and, per (engine, bucket, width) with enough steps, sets the per-step relative standard error of the ratio
+estimator beside the one from blocks of L consecutive counted steps of a run (batch means; a block never spans
+two runs). A ratio above 1 is how much the per-step figure understates the noise the check must clear.
+
+    python3 -m bench gpu.check_noise STEPS.jsonl.gz [STEPS.jsonl.gz ...] [--blocks 8 16 32] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.gpu.steady_widths import committed_tokens, read_batches, timed_steps
+from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
+from specctl_vllm.controller.core.model.measured import SETTLE_STEPS
+
+#: Counted steps a (engine, bucket, width) needs before its spread is reported.
+MIN_CELL_STEPS = 200
+#: Complete blocks a block size needs in a cell before its spread is reported.
+MIN_BLOCKS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellNoise:
+    source: str
+    engine: str
+    bucket: int  # the bucket's lower batch edge
+    width: int
+    steps: int
+    goodput: float  # committed tokens per second over the counted steps
+    step_rse: float
+    block_rse: dict[int, float]  # L -> relative standard error from blocks of L steps
+
+
+def ratio_rse(pairs: Sequence[tuple[float, float]]) -> float:
+    """Relative standard error of sum(y) / sum(x) from independent (x, y) samples: the ratio estimator's
+    variance, var(x - r y) / (n xbar^2), with n - 1 degrees of freedom."""
+    n = len(pairs)
+    if n < 2:
+        return math.inf
+    sx = sum(x for x, _ in pairs)
+    sy = sum(y for _, y in pairs)
+    if sx <= 0 or sy <= 0:
+        return math.inf
+    r = sx / sy
+    spread = sum((x - r * y) ** 2 for x, y in pairs) / (n - 1)
+    return math.sqrt(spread / n) / (sx / n)
+
+
+def counted_runs(steps: Iterable[dict], settle: int = SETTLE_STEPS) -> dict[tuple[int, int], list[list[tuple[float, float]]]]:
+    """{(bucket, width): runs}, each run the (interval, committed) of its counted steps, as the engine's meter
+    counts them: a run is the steps of one width back to back, its first ``settle`` not counted, a step without
+    an interval not counted (it still belongs to the run)."""
+    runs: dict[tuple[int, int], list[list[tuple[float, float]]]] = {}
+    last_width = None
+    position = 0
+    current: list[tuple[float, float]] | None = None
+    current_key = None
+    for step in steps:
+        width = step.get("width")
+        position = position + 1 if width == last_width else 1
+        last_width = width
+        interval = step.get("interval_s")
+        batch = int(step.get("batch_size") or 0)
+        if width is None or not interval or batch <= 0 or position <= settle:
+            if position == 1:
+                current = None
+            continue
+        key = (bucket_of(batch, BATCH_EDGES), int(width))
+        if current is None or key != current_key or position == settle + 1:
+            current = []
+            current_key = key
+            runs.setdefault(key, []).append(current)
+        current.append((float(interval), float(committed_tokens(step))))
+    return runs
+
+
+def blocks_of(runs: Iterable[list[tuple[float, float]]], size: int) -> list[tuple[float, float]]:
+    """Sums of ``size`` consecutive counted steps of each run (a run's last incomplete block left out)."""
+    out = []
+    for run in runs:
+        for i in range(0, len(run) - size + 1, size):
+            block = run[i:i + size]
+            out.append((sum(x for x, _ in block), sum(y for _, y in block)))
+    return out
+
+
+def cell_noise(source: str, engine: str, steps: Iterable[dict], sizes: Sequence[int]) -> list[CellNoise]:
+    out = []
+    for (bucket, width), runs in sorted(counted_runs(steps).items()):
+        pairs = [p for run in runs for p in run]
+        if len(pairs) < MIN_CELL_STEPS:
+            continue
+        by_size = {}
+        for size in sizes:
+            blocks = blocks_of(runs, size)
+            if len(blocks) >= MIN_BLOCKS:
+                by_size[size] = ratio_rse(blocks)
+        sx, sy = sum(x for x, _ in pairs), sum(y for _, y in pairs)
+        out.append(CellNoise(source=source, engine=engine, bucket=BATCH_EDGES[bucket], width=width,
+                             steps=len(pairs), goodput=sy / sx, step_rse=ratio_rse(pairs), block_rse=by_size))
+    return out
+
+
+def engines_steps(path: Path) -> dict[str, list[dict]]:
+    """Each engine's (engine id and boot) recorded steps in the order they ran."""
+    per: dict[str, list[tuple[float, dict]]] = {}
+    for batch in read_batches(path):
+        key = f"{batch.get('engine_id')}/{batch.get('boot_id')}"
+        per.setdefault(key, []).extend(timed_steps([batch]))
+    return {k: [s for _, s in sorted(v, key=lambda p: p[0])] for k, v in per.items()}
+
+
+def summary(cells: Sequence[CellNoise], sizes: Sequence[int]) -> dict[int, dict[str, float]]:
+    """Per block size: the median and the maximum of block rse / step rse over the cells that have it."""
+    out = {}
+    for size in sizes:
+        ratios = [c.block_rse[size] / c.step_rse for c in cells if size in c.block_rse and c.step_rse > 0]
+        if ratios:
+            out[size] = {"cells": len(ratios), "median": statistics.median(ratios), "max": max(ratios),
+                         "min": min(ratios)}
+    return out
+
+
+def render(cells: Sequence[CellNoise], sizes: Sequence[int]) -> str:
+    head = "| source | engine | bucket | K | steps | tok/s | step rse | " + " | ".join(f"L={s}" for s in sizes) + " |"
+    lines = [head, "|" + "---|" * (7 + len(sizes))]
+    for c in cells:
+        ratios = " | ".join(f"{c.block_rse[s]:.4f} (x{c.block_rse[s] / c.step_rse:.2f})" if s in c.block_rse else "-"
+                            for s in sizes)
+        lines.append(f"| {c.source} | {c.engine.split('/')[0]} | {c.bucket} | {c.width} | {c.steps} | {c.goodput:.0f} "
+                     f"| {c.step_rse:.4f} | {ratios} |")
+    lines.append("")
+    for size, s in summary(cells, sizes).items():
+        lines.append(f"L={size}: block rse / step rse over {s['cells']} cells: median {s['median']:.2f}, "
+                     f"min {s['min']:.2f}, max {s['max']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("steps", type=Path, nargs="+", help="recorded telemetry batches (.jsonl or .jsonl.gz)")
+    p.add_argument("--blocks", type=int, nargs="+", default=[8, 16, 32], help="block sizes L, in counted steps")
+    p.add_argument("--out", type=Path, help="also write the cells and the summary as JSON here")
+    args = p.parse_args(argv)
+    if any(size < 2 for size in args.blocks):
+        p.error("--blocks: every block size must be 2 steps or more")
+    missing = [str(path) for path in args.steps if not path.is_file()]
+    if missing:
+        p.error(f"no such file: {', '.join(missing)}")
+    cells: list[CellNoise] = []
+    for path in args.steps:
+        for engine, steps in engines_steps(path).items():
+            cells.extend(cell_noise(path.name, engine, steps, args.blocks))
+    if not cells:
+        print(f"no (engine, bucket, width) with {MIN_CELL_STEPS} counted steps or more", file=sys.stderr)
+        return 1
+    print(render(cells, args.blocks))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"cells": [asdict(c) for c in cells],
+                                        "summary": summary(cells, args.blocks)}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
