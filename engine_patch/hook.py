@@ -825,8 +825,9 @@ class SpecHook:
             logger.info("specctl: overhead since start: %s", self.stats.overhead_line())
             if self.widths is not None and self.widths.verdict is not None:
                 v = self.widths.verdict
-                logger.info("specctl: width check: %s (gain %+.1f %%, margin %.1f %%), probes %d",
-                            v.state, 100 * v.gain, 100 * min(v.margin, 9.99), self.widths.probes)
+                blocks = "-" if v.block_margin is None else f"{100 * min(v.block_margin, 9.99):.1f} %"
+                logger.info("specctl: width check: %s (gain %+.1f %%, margin %.1f %%, from blocks %s), probes %d",
+                            v.state, 100 * v.gain, 100 * min(v.margin, 9.99), blocks, self.widths.probes)
 
     def _close(self, step: _Step, section: int, t: int, c: int) -> None:
         """Charge one section (started at perf ``t``, thread CPU ``c``) to the step."""

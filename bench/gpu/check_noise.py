@@ -10,7 +10,15 @@ only) and, per (engine, bucket, width) with enough steps, sets the per-step rela
 estimator beside the one from blocks of L consecutive counted steps of a run (batch means; a block never spans
 two runs). A ratio above 1 is how much the per-step figure understates the noise the check must clear.
 
+With ``--verdicts`` it replays instead each engine's steps through the engine's meter
+(:class:`~specctl_vllm.controller.core.model.measured.GoodputMeter`) and counts, over readings every ``--every``
+steps of each drafting width against K = 0 in the step's bucket, the verdicts that the margin from blocks
+(``block_margin``) would change, and how much wider it is than the per-step margin the check decides with. A step most of whose requests run prompt chunks is left
+out, as the engine leaves it out; the record has only the step's prompt tokens, so the requests running one are
+estimated as prompt tokens / ``--prompt-tokens``.
+
     python3 -m bench gpu.check_noise STEPS.jsonl.gz [STEPS.jsonl.gz ...] [--blocks 8 16 32] [--out F.json]
+    python3 -m bench gpu.check_noise STEPS.jsonl.gz --verdicts [--every 20] [--prompt-tokens 255]
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pathlib import Path
 
 from bench.gpu.steady_widths import committed_tokens, read_batches, timed_steps
 from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
-from specctl_vllm.controller.core.model.measured import SETTLE_STEPS
+from specctl_vllm.controller.core.model.measured import SETTLE_STEPS, GoodputMeter, verdict
 
 #: Counted steps a (engine, bucket, width) needs before its spread is reported.
 MIN_CELL_STEPS = 200
@@ -116,6 +124,82 @@ def cell_noise(source: str, engine: str, steps: Iterable[dict], sizes: Sequence[
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class VerdictChanges:
+    source: str
+    engine: str
+    readings: int  # verdict readings where the per-step meter had measured both widths
+    changed: list[dict]  # {"step", "batch", "width", "per_step", "with_blocks", "gain", "margins"}
+    margin_ratio_median: float | None
+    margin_ratio_p90: float | None
+
+
+def decoding(step: dict, prompt_tokens: int) -> bool:
+    """Whether the engine's measured check counts this step: fewer than half its requests run a prompt chunk
+    (estimated from its prompt tokens)."""
+    batch = int(step.get("batch_size") or 0)
+    prompts = -(-int(step.get("prefill_tokens") or 0) // max(prompt_tokens, 1))
+    return 2 * prompts <= batch
+
+
+def step_width(step: dict) -> int:
+    """The width the step verified: the engine's where it recorded one, else from its drafts per request."""
+    width = step.get("width")
+    if width is not None:
+        return int(width)
+    batch = int(step.get("batch_size") or 0)
+    return -(-int(step.get("draft_tokens") or 0) // batch) if batch > 0 else 0
+
+
+def state_at(gain: float, margin: float) -> str:
+    """The verdict's state for a measured gain against a margin (both widths measured)."""
+    return "confirmed" if gain >= margin else "undecided" if gain > 0 else "refuted"
+
+
+def verdict_changes(source: str, engine: str, steps: Sequence[dict], widths: Sequence[int] = (1, 2, 4, 7),
+                    every: int = 20, prompt_tokens: int = 255) -> VerdictChanges:
+    """Each drafting width's verdict against K = 0 in the step's bucket every ``every`` steps, with the margin it
+    decides with and with :func:`~specctl_vllm.controller.core.model.measured.block_margin`."""
+    meter = GoodputMeter()
+    changed, ratios, readings = [], [], 0
+    for i, step in enumerate(steps):
+        batch = int(step.get("batch_size") or 0)
+        if decoding(step, prompt_tokens):
+            meter.observe(batch, step_width(step), committed_tokens(step), step.get("interval_s"))
+        if i % every or batch <= 0:
+            continue
+        plain = meter.reading(batch, 0)
+        for width in widths:
+            v = verdict(width, plain, meter.reading(batch, width))
+            if v.state == "unmeasured":
+                continue
+            readings += 1
+            blocked = v.state if v.block_margin is None else state_at(v.gain, v.block_margin)
+            if v.block_margin is not None and 0 < v.margin < math.inf:
+                ratios.append(v.block_margin / v.margin)
+            if blocked != v.state:
+                changed.append({"step": i, "batch": batch, "width": width, "per_step": v.state,
+                                "with_blocks": blocked, "gain": round(v.gain, 4),
+                                "margins": [round(v.margin, 4), round(v.block_margin, 4)]})
+    ratios.sort()
+    return VerdictChanges(source=source, engine=engine, readings=readings, changed=changed,
+                          margin_ratio_median=statistics.median(ratios) if ratios else None,
+                          margin_ratio_p90=ratios[int(0.9 * (len(ratios) - 1))] if ratios else None)
+
+
+def render_verdicts(results: Sequence[VerdictChanges]) -> str:
+    lines = ["| source | engine | readings | changed | margin with blocks / per step: median, p90 | changes |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        ratio = (f"{r.margin_ratio_median:.2f}, {r.margin_ratio_p90:.2f}" if r.margin_ratio_median is not None
+                 else "-")
+        what = "; ".join(f"K{c['width']}@{c['batch']} {c['per_step']}->{c['with_blocks']} ({c['gain']:+.3f})"
+                         for c in r.changed[:4]) + (" ..." if len(r.changed) > 4 else "")
+        lines.append(f"| {r.source} | {r.engine.split('/')[0]} | {r.readings} | {len(r.changed)} | {ratio} | "
+                     f"{what or '-'} |")
+    return "\n".join(lines)
+
+
 def engines_steps(path: Path) -> dict[str, list[dict]]:
     """Each engine's (engine id and boot) recorded steps in the order they ran."""
     per: dict[str, list[tuple[float, dict]]] = {}
@@ -156,12 +240,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("steps", type=Path, nargs="+", help="recorded telemetry batches (.jsonl or .jsonl.gz)")
     p.add_argument("--blocks", type=int, nargs="+", default=[8, 16, 32], help="block sizes L, in counted steps")
     p.add_argument("--out", type=Path, help="also write the cells and the summary as JSON here")
+    p.add_argument("--verdicts", action="store_true",
+                   help="instead: the verdicts the block spread changes, replayed over each engine's steps")
+    p.add_argument("--every", type=int, default=20, help="--verdicts: steps between two readings")
+    p.add_argument("--prompt-tokens", type=int, default=255,
+                   help="--verdicts: the workload's prompt length, to estimate a step's prompt requests")
     args = p.parse_args(argv)
     if any(size < 2 for size in args.blocks):
         p.error("--blocks: every block size must be 2 steps or more")
+    if args.every < 1 or args.prompt_tokens < 1:
+        p.error("--every and --prompt-tokens must be 1 or more")
     missing = [str(path) for path in args.steps if not path.is_file()]
     if missing:
         p.error(f"no such file: {', '.join(missing)}")
+    if args.verdicts:
+        results = [verdict_changes(path.name, engine, steps, every=args.every, prompt_tokens=args.prompt_tokens)
+                   for path in args.steps for engine, steps in engines_steps(path).items()]
+        print(render_verdicts(results))
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
+        return 0
     cells: list[CellNoise] = []
     for path in args.steps:
         for engine, steps in engines_steps(path).items():

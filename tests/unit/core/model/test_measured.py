@@ -12,6 +12,7 @@ from specctl_vllm.controller.core.model.measured import (
     NOTHING,
     GoodputMeter,
     Measured,
+    block_margin,
     margin,
     probe_due,
     verdict,
@@ -197,17 +198,18 @@ def test_a_change_of_bucket_closes_the_block() -> None:
     assert meter.reading(250, 0).blocks == pytest.approx(0.0)  # its block is still open
 
 
-def test_independent_steps_keep_the_per_step_error() -> None:
+def test_independent_steps_spread_between_blocks_as_the_steps_say() -> None:
     rng = np.random.default_rng(3)
     meter = GoodputMeter(settle=0, decay=1.0, block_steps=20)
     feed_runs(meter, [(0, 2000, 0.010), (1, 1, 0.02)], noise=0.3, rng=rng)
     r = meter.reading(64, 0)
     assert r.blocks == pytest.approx(100)
-    assert 1.0 <= r.inflation < 1.3  # blocks of independent steps spread as the steps say
     assert r.rse == pytest.approx(0.3 / math.sqrt(2000), rel=0.3)
+    assert r.block_rse == pytest.approx(r.rse, rel=0.3)
+    assert 1.0 <= r.inflation < 1.3
 
 
-def test_correlated_steps_widen_the_error_to_the_blocks_spread() -> None:
+def test_correlated_steps_spread_between_blocks_more_than_the_steps_say() -> None:
     """Each run sits 10 % above or below the mean (the waves of a steady load, a drifting host): the steps of a
     run agree with each other, so their spread says little about the mean's error; the runs' does."""
     rng = np.random.default_rng(5)
@@ -217,31 +219,42 @@ def test_correlated_steps_widen_the_error_to_the_blocks_spread() -> None:
         runs += [(0, 29, 0.010 * (1 + rng.choice([-0.1, 0.1]))), (1, 1, 0.02)]
     feed_runs(meter, runs, noise=0.01, rng=rng)
     r = meter.reading(64, 0)
-    per_step = 0.01 / math.sqrt(12 * 29)
-    between_runs = 0.1 / math.sqrt(12)
+    # what the check decides with: the steps' spread, as if 348 independent steps had spread 10 %
+    assert r.rse == pytest.approx(0.1 / math.sqrt(12 * 29), rel=0.3)
+    assert r.block_rse == pytest.approx(0.1 / math.sqrt(12), rel=0.4)
     assert r.inflation > 5
-    assert r.rse == pytest.approx(between_runs, rel=0.4)
-    assert r.rse > 10 * per_step
 
 
-def test_too_few_blocks_leave_the_per_step_error_alone() -> None:
+def test_too_few_blocks_give_no_block_spread() -> None:
     rng = np.random.default_rng(7)
     meter = GoodputMeter(settle=0, decay=1.0, block_steps=29)
     feed_runs(meter, [(0, 29, 0.009), (1, 1, 0.02), (0, 29, 0.011), (1, 1, 0.02)], noise=0.01, rng=rng)
     r = meter.reading(64, 0)
     assert r.blocks == pytest.approx(2)
-    assert r.inflation is None
+    assert r.block_rse is None and r.inflation is None
 
 
 @pytest.mark.parametrize(("plain", "drafting", "expected"), [
-    (Measured(goodput=100, rse=0.02, steps=500, inflation=2.0), Measured(goodput=110, rse=0.03, steps=29),
-     0.01 + math.hypot(0.02, 0.06)),  # the probed width had one block: the other's ratio scales it
-    (Measured(goodput=100, rse=0.02, steps=29), Measured(goodput=110, rse=0.03, steps=500, inflation=1.5),
-     0.01 + math.hypot(0.03, 0.03)),
-    (Measured(goodput=100, rse=0.02, steps=500, inflation=2.0), Measured(goodput=110, rse=0.03, steps=500,
-                                                                         inflation=1.2),
-     0.01 + math.hypot(0.02, 0.03)),  # each its own: rse already holds it
-    (m(100), m(110, rse=0.03), 0.01 + math.hypot(0.02, 0.03)),  # neither: per step
+    (Measured(goodput=100, rse=0.02, steps=500, block_rse=0.04), Measured(goodput=110, rse=0.03, steps=29),
+     0.01 + math.hypot(0.04, 0.06)),  # the probed width had one block: the other's ratio (2x) scales it
+    (Measured(goodput=100, rse=0.02, steps=29), Measured(goodput=110, rse=0.03, steps=500, block_rse=0.045),
+     0.01 + math.hypot(0.03, 0.045)),
+    (Measured(goodput=100, rse=0.02, steps=500, block_rse=0.04), Measured(goodput=110, rse=0.03, steps=500,
+                                                                           block_rse=0.036),
+     0.01 + math.hypot(0.04, 0.036)),  # each its own
+    (Measured(goodput=100, rse=0.02, steps=500, block_rse=0.01), m(110, rse=0.03),
+     0.01 + math.hypot(0.02, 0.03)),  # blocks never narrow the per-step figure
+    (m(100), m(110, rse=0.03), None),  # neither has blocks
 ])
-def test_the_margin_lends_a_width_without_blocks_the_other_s_ratio(plain, drafting, expected) -> None:
-    assert margin(plain, drafting) == pytest.approx(expected)
+def test_the_block_margin_lends_a_width_without_blocks_the_other_s_ratio(plain, drafting, expected) -> None:
+    got = block_margin(plain, drafting)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_verdict_reports_the_block_margin_and_decides_with_the_per_step_one() -> None:
+    plain = Measured(goodput=100, rse=0.02, steps=500, block_rse=0.08)
+    drafting = Measured(goodput=106, rse=0.02, steps=500, block_rse=0.08)
+    v = verdict(4, plain, drafting)
+    assert v.margin == pytest.approx(0.01 + math.hypot(0.02, 0.02))
+    assert v.block_margin == pytest.approx(0.01 + math.hypot(0.08, 0.08))
+    assert (v.state, v.width) == ("confirmed", 4)  # +6 % clears 3.8 %; the 12.3 % of the blocks does not decide
