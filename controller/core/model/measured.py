@@ -27,10 +27,10 @@ over those recordings (``gpu.check_noise --verdicts``) it would have turned 438 
 under 1.5 % in 15 of the 20 engines) from confirmed to undecided, at a median gain of +25 % (87 % of them above
 +10 %), mostly where K = 0's evidence had faded; undecided runs K = 0, so it would have held off large gains to
 guard against small ones. A rule that weighs a gain's size against its noise must be measured on a GPU first.
-Where either width has too little
-evidence the model's width runs and a probe run of the unmeasured width is due (:func:`probe_due`); where the
-drafting width does not clear the margin, K = 0 runs and the drafting width is probed until the comparison is
-decided.
+
+Where either width has too little evidence the model's width runs and a probe run of the unmeasured width is
+due (:func:`probe_due`); where the drafting width does not clear the margin, K = 0 runs and the drafting width
+is probed until the comparison is decided.
 
 A measurement holds for the traffic it was taken on. Each step is observed with the mix of categories the
 width rule priced it for, and a cell keeps the decayed mix of its steps. A drafting width's goodput is read for
