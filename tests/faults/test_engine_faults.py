@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import signal
 import time
 
@@ -142,6 +143,7 @@ def _exchange_report(suite: FaultSuite, t_fault: float, healed: float) -> str:
     stats = suite.proxy.stats
     return "\n".join([
         f"fault at {t_fault:.3f}, healed at {healed:.3f}, now {time.monotonic():.3f} (monotonic)",
+        f"host load average (1, 5, 15 min) {os.getloadavg()}, {os.cpu_count()} CPUs",
         f"posts read by the proxy (phase, fault in force): {dict(sorted(posts.items()))}",
         f"answers written (phase, fault, status): {answered}",
         (f"proxy: statuses {dict(stats.statuses)}, upstream errors {stats.upstream_errors}, "
