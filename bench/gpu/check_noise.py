@@ -17,8 +17,15 @@ steps of each drafting width against K = 0 in the step's bucket, the verdicts th
 out, as the engine leaves it out; the record has only the step's prompt tokens, so the requests running one are
 estimated as prompt tokens / ``--prompt-tokens``.
 
+With ``--positions`` it prints instead how a step's goodput depends on its place in a run: per bin of positions
+after a switch of width, the committed tokens per second of engine time against the same (engine, bucket,
+width)'s steps at position 32 or later (its steady reading), pooled over cells for K = 0 and for drafting widths.
+A probe measures positions ``SETTLE_STEPS`` to 31; a bin that reads away from 1 is a bias of probes against the
+incumbent width.
+
     python3 -m bench gpu.check_noise STEPS.jsonl.gz [STEPS.jsonl.gz ...] [--blocks 8 16 32] [--out F.json]
     python3 -m bench gpu.check_noise STEPS.jsonl.gz --verdicts [--every 20] [--prompt-tokens 255]
+    python3 -m bench gpu.check_noise STEPS.jsonl.gz --positions
 """
 
 from __future__ import annotations
@@ -200,6 +207,61 @@ def render_verdicts(results: Sequence[VerdictChanges]) -> str:
     return "\n".join(lines)
 
 
+#: Bins of positions in a run (0: the switch step), and the position from which a step counts as steady.
+POSITION_BINS = ((0, 1), (1, 2), (2, 3), (3, 5), (5, 7), (7, 10), (10, 15), (15, 20), (20, 32))
+STEADY_POSITION = 32
+#: Steady steps a cell needs, and steps a bin of it, before the bin's ratio is pooled.
+MIN_STEADY_STEPS = 200
+MIN_BIN_STEPS = 10
+
+
+def position_ratios(steps: Iterable[dict]) -> dict[tuple[bool, int], list[tuple[float, int]]]:
+    """{(drafting width?, bin index): [(bin goodput / steady goodput, bin steps)] per (bucket, width) cell}. Runs
+    that start the recording (no width before them) are left out: they follow no switch."""
+    acc: dict[tuple[int, int], dict[int, list[float]]] = {}
+    last = before = None
+    position = 0
+    for step in steps:
+        width = step.get("width")
+        if width != last:
+            before, position = last, 0
+        else:
+            position += 1
+        last = width
+        interval = step.get("interval_s")
+        batch = int(step.get("batch_size") or 0)
+        if width is None or before is None or not interval or batch <= 0:
+            continue
+        b = next((i for i, (lo, hi) in enumerate(POSITION_BINS) if lo <= position < hi), -1)
+        sums = acc.setdefault((bucket_of(batch, BATCH_EDGES), int(width)), {}).setdefault(b, [0.0, 0.0, 0])
+        sums[0] += committed_tokens(step)
+        sums[1] += float(interval)
+        sums[2] += 1
+    out: dict[tuple[bool, int], list[tuple[float, int]]] = {}
+    for (_, width), bins in acc.items():
+        steady = bins.get(-1)
+        if not steady or steady[2] < MIN_STEADY_STEPS:
+            continue
+        g = steady[0] / steady[1]
+        for b, (y, x, n) in bins.items():
+            if b >= 0 and n >= MIN_BIN_STEPS:
+                out.setdefault((width > 0, b), []).append((y / x / g, int(n)))
+    return out
+
+
+def render_positions(pooled: dict[tuple[bool, int], list[tuple[float, int]]]) -> str:
+    lines = ["| widths | positions | cells | steps | goodput / steady: weighted mean | median |", "|---|---|---|---|---|---|"]
+    for drafting in (False, True):
+        for b, (lo, hi) in enumerate(POSITION_BINS):
+            xs = pooled.get((drafting, b), [])
+            if not xs:
+                continue
+            n = sum(k for _, k in xs)
+            lines.append(f"| {'K > 0' if drafting else 'K = 0'} | {lo}-{hi - 1} | {len(xs)} | {n} | "
+                         f"{sum(r * k for r, k in xs) / n:.3f} | {statistics.median(r for r, _ in xs):.3f} |")
+    return "\n".join(lines)
+
+
 def engines_steps(path: Path) -> dict[str, list[dict]]:
     """Each engine's (engine id and boot) recorded steps in the order they ran."""
     per: dict[str, list[tuple[float, dict]]] = {}
@@ -242,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the cells and the summary as JSON here")
     p.add_argument("--verdicts", action="store_true",
                    help="instead: the verdicts the block spread changes, replayed over each engine's steps")
+    p.add_argument("--positions", action="store_true",
+                   help="instead: goodput by position in a run against the same cell's steady steps")
     p.add_argument("--every", type=int, default=20, help="--verdicts: steps between two readings")
     p.add_argument("--prompt-tokens", type=int, default=255,
                    help="--verdicts: the workload's prompt length, to estimate a step's prompt requests")
@@ -253,6 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(path) for path in args.steps if not path.is_file()]
     if missing:
         p.error(f"no such file: {', '.join(missing)}")
+    if args.positions:
+        pooled: dict[tuple[bool, int], list[tuple[float, int]]] = {}
+        for path in args.steps:
+            for steps in engines_steps(path).values():
+                for key, ratios in position_ratios(steps).items():
+                    pooled.setdefault(key, []).extend(ratios)
+        print(render_positions(pooled))
+        return 0
     if args.verdicts:
         results = [verdict_changes(path.name, engine, steps, every=args.every, prompt_tokens=args.prompt_tokens)
                    for path in args.steps for engine, steps in engines_steps(path).items()]

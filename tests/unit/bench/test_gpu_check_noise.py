@@ -101,3 +101,20 @@ def test_a_missing_file_is_refused(tmp_path) -> None:
     with pytest.raises(SystemExit) as exc:
         cn.main([str(tmp_path / "nope.jsonl.gz")])
     assert exc.value.code == 2
+
+
+def test_positions_compare_a_run_s_early_steps_with_the_cell_s_steady_ones(tmp_path, capsys) -> None:
+    """K = 0 runs whose first 10 steps after a switch take twice as long: positions 0-9 read 0.5, later ones 1."""
+    steps = [step(1, interval=0.02)]  # a run before: every K = 0 run below follows a switch
+    for _ in range(12):
+        steps += [step(0, interval=0.02 if i < 10 else 0.01) for i in range(60)] + [step(1, interval=0.02)]
+    ratios = cn.position_ratios(steps)
+    by_bin = {b: r for (drafting, b), [(r, _)] in ratios.items() if not drafting}
+    bins = dict(enumerate(cn.POSITION_BINS))
+    assert sorted(by_bin) == list(bins)  # 12 runs: 12 steps in the smallest bin, 12 x 28 steady steps
+    for b, ratio in by_bin.items():
+        assert ratio == pytest.approx(0.5 if bins[b][1] <= 10 else 1.0), bins[b]
+    assert not [key for key in ratios if key[0]]  # the K = 1 steps: runs of one, no steady steps
+    path = write(tmp_path / "s.jsonl.gz", steps)
+    assert cn.main([str(path), "--positions"]) == 0
+    assert "| K = 0 | 10-14 | 1 |" in capsys.readouterr().out
