@@ -40,8 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.gpu.steady_widths import committed_tokens, read_batches, timed_steps
+from specctl_vllm.controller.core.model.budget import verified_width
 from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
-from specctl_vllm.controller.core.model.measured import SETTLE_STEPS, GoodputMeter, verdict
+from specctl_vllm.controller.core.model.measured import SETTLE_STEPS, GoodputMeter, ratio_rse, verdict
 
 #: Counted steps a (engine, bucket, width) needs before its spread is reported.
 MIN_CELL_STEPS = 200
@@ -61,19 +62,14 @@ class CellNoise:
     block_rse: dict[int, float]  # L -> relative standard error from blocks of L steps
 
 
-def ratio_rse(pairs: Sequence[tuple[float, float]]) -> float:
-    """Relative standard error of sum(y) / sum(x) from independent (x, y) samples: the ratio estimator's
-    variance, var(x - r y) / (n xbar^2), with n - 1 degrees of freedom."""
-    n = len(pairs)
-    if n < 2:
-        return math.inf
-    sx = sum(x for x, _ in pairs)
-    sy = sum(y for _, y in pairs)
-    if sx <= 0 or sy <= 0:
-        return math.inf
-    r = sx / sy
-    spread = sum((x - r * y) ** 2 for x, y in pairs) / (n - 1)
-    return math.sqrt(spread / n) / (sx / n)
+def pairs_rse(pairs: Sequence[tuple[float, float]]) -> float:
+    """Relative standard error of sum(y) / sum(x) from independent (x, y) samples: the meter's ratio estimator
+    (:func:`~specctl_vllm.controller.core.model.measured.ratio_rse`), undecayed, its spread over n - 1."""
+    sums = [0.0] * 6
+    for x, y in pairs:
+        for i, v in enumerate((1.0, x, y, x * x, y * y, x * y)):
+            sums[i] += v
+    return ratio_rse(sums, ddof=1.0)
 
 
 def counted_runs(steps: Iterable[dict], settle: int = SETTLE_STEPS) -> dict[tuple[int, int], list[list[tuple[float, float]]]]:
@@ -124,10 +120,10 @@ def cell_noise(source: str, engine: str, steps: Iterable[dict], sizes: Sequence[
         for size in sizes:
             blocks = blocks_of(runs, size)
             if len(blocks) >= MIN_BLOCKS:
-                by_size[size] = ratio_rse(blocks)
+                by_size[size] = pairs_rse(blocks)
         sx, sy = sum(x for x, _ in pairs), sum(y for _, y in pairs)
         out.append(CellNoise(source=source, engine=engine, bucket=BATCH_EDGES[bucket], width=width,
-                             steps=len(pairs), goodput=sy / sx, step_rse=ratio_rse(pairs), block_rse=by_size))
+                             steps=len(pairs), goodput=sy / sx, step_rse=pairs_rse(pairs), block_rse=by_size))
     return out
 
 
@@ -154,8 +150,7 @@ def step_width(step: dict) -> int:
     width = step.get("width")
     if width is not None:
         return int(width)
-    batch = int(step.get("batch_size") or 0)
-    return -(-int(step.get("draft_tokens") or 0) // batch) if batch > 0 else 0
+    return verified_width(int(step.get("draft_tokens") or 0), int(step.get("batch_size") or 0))
 
 
 def state_at(gain: float, margin: float) -> str:
@@ -317,6 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(path) for path in args.steps if not path.is_file()]
     if missing:
         p.error(f"no such file: {', '.join(missing)}")
+    try:
+        return run(args)
+    except (ValueError, KeyError, TypeError, OSError) as exc:  # a file that is not recorded telemetry
+        print(f"check_noise: cannot read the recorded steps: {type(exc).__name__}: {str(exc)[:300]}",
+              file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """The analysis ``args`` ask for, on files that exist."""
     if args.positions:
         pooled: dict[tuple[bool, int], list[tuple[float, int]]] = {}
         for path in args.steps:

@@ -231,10 +231,10 @@ class GoodputMeter:
         n, x, y = cell[1] * f, cell[2] * f, cell[3] * f
         if n <= 0 or x <= 0 or y <= 0:
             return NOTHING
-        rse = _ratio_rse(cell[_STEPS], f)
+        rse = ratio_rse(cell[_STEPS], f)
         blocks = cell[_BLOCKS.start] * f
         # a few blocks: their spread over n - 1
-        block_rse = _ratio_rse(cell[_BLOCKS], f, ddof=1.0) if blocks >= self.min_blocks else None
+        block_rse = ratio_rse(cell[_BLOCKS], f, ddof=1.0) if blocks >= self.min_blocks else None
         kept = cell[_MIX]
         scale = 1.0
         if transfer is not None and kept:
@@ -259,7 +259,7 @@ def _add_moments(cell: list[Any], at: int, n: float, x: float, y: float) -> None
     cell[at + 5] += x * y
 
 
-def _ratio_rse(sums: Sequence[float], f: float, ddof: float = 0.0) -> float:
+def ratio_rse(sums: Sequence[float], f: float = 1.0, ddof: float = 0.0) -> float:
     """Relative standard error of committed / seconds from six decayed sums (weight, seconds, committed,
     seconds^2, committed^2, seconds x committed) aged by ``f``: the ratio estimator's variance
     var(x - r y) / (n xbar^2), r = seconds per committed token, the spread taken over ``n - ddof`` (inf below

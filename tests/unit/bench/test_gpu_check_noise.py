@@ -53,8 +53,8 @@ def test_ratio_rse_matches_the_ratio_estimator() -> None:
     y = rng.integers(60, 70, 500).astype(float)
     r = x.sum() / y.sum()
     expected = math.sqrt(np.sum((x - r * y) ** 2) / 499 / 500) / x.mean()
-    assert cn.ratio_rse(list(zip(x, y, strict=True))) == pytest.approx(expected)
-    assert cn.ratio_rse([(0.01, 64.0)]) == math.inf
+    assert cn.pairs_rse(list(zip(x, y, strict=True))) == pytest.approx(expected)
+    assert cn.pairs_rse([(0.01, 64.0)]) == math.inf
 
 
 def write(path: Path, steps: list[dict], engine: str = "e") -> Path:
@@ -118,3 +118,11 @@ def test_positions_compare_a_run_s_early_steps_with_the_cell_s_steady_ones(tmp_p
     path = write(tmp_path / "s.jsonl.gz", steps)
     assert cn.main([str(path), "--positions"]) == 0
     assert "| K = 0 | 10-14 | 1 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", [b"not json\n", b'{"engine_id": "e", "steps": [{"t": 1}]}\n', b"\x1f\x8bnot gzip"])
+def test_a_file_that_is_not_recorded_telemetry_is_a_clear_error(tmp_path, capsys, content) -> None:
+    path = tmp_path / "s.jsonl.gz"
+    path.write_bytes(content)
+    assert cn.main([str(path)]) == 2
+    assert "cannot read the recorded steps" in capsys.readouterr().err
