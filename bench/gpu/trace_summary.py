@@ -18,6 +18,13 @@ trace (``*.pt.trace.json[.gz]``, found under the folder given, the engine's name
   tokens: the like-for-like step of two engines at one batch) and ``with_prompts``. The window's mix of prompt
   steps is whatever the load had in those few dozen steps, so totals of two engines are not like for like;
   the decode medians are.
+* per kind, where the host spent a step's interval on the runner's own thread (the thread of the step
+  annotations): ``median_runner_ms`` in ``execute_model`` (the annotation), ``median_sync_wait_ms`` blocked in
+  a CUDA synchronize call (waiting for the device), ``median_other_host_ms`` in the other traced calls (the
+  sampler, output copies) and ``median_untraced_ms`` in nothing the profiler records: waiting for the next
+  step's input from the scheduler, or Python that calls no op. A step whose device time is the same on two
+  engines and whose interval is longer on one, with the difference in ``untraced``, waited on the host side
+  of the engine, not on the GPU.
 
 Per-step figures divide by the annotated steps the trace holds (an engine that did not execute a model step on
 every driver step holds fewer than it was asked for), else by ``--steps``. The summary is small JSON, one object
@@ -42,6 +49,8 @@ from pathlib import Path
 #: Trace categories of device activity (torch's Kineto export).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+#: Host-side spans of the runner's thread: torch ops, CUDA calls and annotations.
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation"}) | RUNTIME_CATEGORIES
 SYNC_WORDS = ("Synchronize", "synchronize")
 #: vLLM's model runner annotates each step it executes ``execute_context_<n>(<tokens>)_generation_<n>(<tokens>)``.
 STEP_ANNOTATION = "execute_"
@@ -88,6 +97,10 @@ def steps_by_kind(events: Sequence[dict], annotated: Sequence[dict]) -> dict:
         (launched_at[c], float(e.get("dur", 0.0))) for e in events
         if e.get("cat") in DEVICE_CATEGORIES and (c := correlation(e)) in launched_at)
     starts = [float(a["ts"]) for a in annotated]
+    thread = (annotated[0].get("pid"), annotated[0].get("tid")) if annotated else None
+    host = sorted(((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), is_sync(e)) for e in events
+                   if e.get("cat") in HOST_CATEGORIES and (e.get("pid"), e.get("tid")) == thread),
+                  key=lambda h: h[0])
     kinds: dict[str, dict[str, list[float]]] = {}
     cursor = 0
     for i in range(len(annotated) - 1):  # the last step has no end in the window
@@ -101,13 +114,32 @@ def steps_by_kind(events: Sequence[dict], annotated: Sequence[dict]) -> dict:
             j += 1
         prompts = prompt_requests(str(annotated[i].get("name", "")))
         kind = "unknown" if prompts is None else "decode" if prompts == 0 else "with_prompts"
-        bucket = kinds.setdefault(kind, {"interval": [], "device": []})
+        bucket = kinds.setdefault(kind, {"interval": [], "device": [], "runner": [], "sync_wait": [],
+                                         "other_host": [], "untraced": []})
         bucket["interval"].append(end - begin)
         bucket["device"].append(device)
+        for name, value in host_split(host, begin, end, float(annotated[i].get("dur", 0.0))).items():
+            bucket[name].append(value)
     return {kind: {"count": len(b["interval"]),
-                   "median_interval_ms": round(statistics.median(b["interval"]) / 1e3, 4),
-                   "median_device_ms": round(statistics.median(b["device"]) / 1e3, 4)}
+                   **{f"median_{name}_ms": round(statistics.median(values) / 1e3, 4)
+                      for name, values in b.items()}}
             for kind, b in sorted(kinds.items())}
+
+
+def is_sync(event: dict) -> bool:
+    return event.get("cat") in RUNTIME_CATEGORIES and any(w in str(event.get("name", "")) for w in SYNC_WORDS)
+
+
+def host_split(host: Sequence[tuple[float, float, bool]], begin: float, end: float, runner: float) -> dict:
+    """One step's interval on the runner's thread, in microseconds: the annotation (``execute_model``), time
+    blocked in synchronize calls after it, other traced calls after it, and what no traced event covers."""
+    runner = min(runner, end - begin)
+    after = begin + runner
+    spans = [(max(a, after), min(b, end), sync) for a, b, sync in host if b > after and a < end]
+    covered = sum(b - a for a, b in merged((a, b) for a, b, _ in spans))
+    sync_wait = sum(b - a for a, b in merged((a, b) for a, b, sync in spans if sync))
+    return {"runner": runner, "sync_wait": sync_wait, "other_host": covered - sync_wait,
+            "untraced": (end - begin) - runner - covered}
 
 
 def summarise(events: Sequence[dict], steps: int | None = None, gap_us: float = 50.0) -> dict:
@@ -192,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{summary['window_ms_per_step']} ({summary['busy_share']}) over {summary['per_step_divisor']} "
                   f"steps, gaps {summary['idle_gaps']['count']} = {summary['idle_gaps']['total_ms']} ms, syncs "
                   f"{summary['syncs']}; decode steps {decode.get('count', 0)}: median device "
-                  f"{decode.get('median_device_ms')} ms of {decode.get('median_interval_ms')}", flush=True)
+                  f"{decode.get('median_device_ms')} ms of {decode.get('median_interval_ms')} (host: runner "
+                  f"{decode.get('median_runner_ms')}, sync wait {decode.get('median_sync_wait_ms')}, other "
+                  f"{decode.get('median_other_host_ms')}, untraced {decode.get('median_untraced_ms')})", flush=True)
     text = json.dumps(out, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -78,8 +78,34 @@ def test_each_step_gets_the_device_time_of_what_it_launched_decode_steps_apart()
               launched(4510, 5), ran(4600, 999, 5),                      # the last step: not counted
               ran(20, 50, 99)]                                           # launched before the window
     kinds = summarise(events)["steps_by_kind"]
-    assert kinds == {"decode": {"count": 3, "median_interval_ms": 1.0, "median_device_ms": 0.5},
-                     "with_prompts": {"count": 1, "median_interval_ms": 1.5, "median_device_ms": 0.9}}
+    host = {"median_runner_ms": 0.1, "median_sync_wait_ms": 0.0, "median_other_host_ms": 0.0}
+    assert kinds == {"decode": {"count": 3, "median_interval_ms": 1.0, "median_device_ms": 0.5, **host,
+                                "median_untraced_ms": 0.9},
+                     "with_prompts": {"count": 1, "median_interval_ms": 1.5, "median_device_ms": 0.9, **host,
+                                      "median_untraced_ms": 1.4}}
+
+
+def on(event: dict, tid: int) -> dict:
+    return {**event, "pid": 1, "tid": tid}
+
+
+def test_a_steps_host_time_splits_into_runner_sync_wait_other_calls_and_untraced() -> None:
+    """Two decode steps of 1000 us on the runner's thread (tid 7). Step 1: execute_model 300 us, then the
+    sampler's ops 300-400 (one nested in another), a synchronize 450-650, nothing after: 350 us untraced.
+    Step 2: execute_model 200 us, a synchronize running past the step's end counts up to it. Events of
+    another thread (the scheduler's, tid 9) are not the runner's."""
+    events = [on(step(0, 0, dur=300), 7), on(step(1000, 0, dur=200), 7), on(step(2000, 0), 7),
+              on({"ph": "X", "cat": "cpu_op", "name": "aten::argmax", "ts": 300, "dur": 100}, 7),
+              on({"ph": "X", "cat": "cpu_op", "name": "aten::view", "ts": 320, "dur": 10}, 7),
+              on(call(450, 200, "cudaEventSynchronize"), 7),
+              on(call(1900, 300, "cudaStreamSynchronize"), 7),
+              on({"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 1300, "dur": 500}, 9)]
+    decode = summarise(events)["steps_by_kind"]["decode"]
+    assert decode["count"] == 2
+    assert decode["median_runner_ms"] == pytest.approx(0.25)
+    assert decode["median_sync_wait_ms"] == pytest.approx((0.2 + 0.1) / 2)
+    assert decode["median_other_host_ms"] == pytest.approx((0.1 + 0.0) / 2)
+    assert decode["median_untraced_ms"] == pytest.approx((0.4 + 0.7) / 2)
 
 
 @pytest.mark.parametrize(("name", "want"), [
