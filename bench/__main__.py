@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     # the vLLM CPU engine
     "overhead": "bench.overhead",
     "mixin_ab": "bench.mixin_ab",
+    "engine_core_ab": "bench.engine_core_ab",
     "cpu_engine": "bench.cpu_engine",
     "cpu.identical": "bench.cpu.identical",
     "cpu.stats": "bench.cpu.stats",

@@ -12,6 +12,7 @@ file (one machine, one session).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -183,9 +184,38 @@ def cold_start_text(rows: dict) -> str | None:
     return "cold start (first point of each specctl run)\n" + "\n".join(lines) if lines else None
 
 
-def paired_table(rows: dict) -> str | None:
+def reference_rows(path: Path) -> dict[tuple[str, str, int, str], dict]:
+    """Reference rows keyed by (engine, profile, concurrency, the engine they were paired with): one reference
+    (plain) may be measured beside several engines at one point, each pairing its own rows."""
+    out: dict[tuple[str, str, int, str], dict] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:  # a line cut short by a killed call
+            continue
+        if isinstance(row, dict) and row.get("kind") == "row" and row.get("paired_with"):
+            out[(row["engine"], row["profile"], int(row["concurrency"]), str(row["paired_with"]))] = row
+    return out
+
+
+def shared_references(references: dict[tuple[str, str, int, str], dict]) -> str | None:
+    """Points where one reference engine was paired with several engines: the profile tables show its last
+    pairing's median, so their ratios there compare rounds of different pairings."""
+    partners: dict[tuple[str, str, int], list[str]] = {}
+    for (name, profile, c, partner) in sorted(references):
+        partners.setdefault((name, profile, c), []).append(partner)
+    lines = [f"- {name} at {profile} c={c} was measured beside {', '.join(with_)}: the tables above use the last "
+             f"pairing's median; the paired table gives each pairing's own"
+             for (name, profile, c), with_ in sorted(partners.items()) if len(with_) > 1]
+    return "\n".join(lines) if lines else None
+
+
+def paired_table(rows: dict, references: dict[tuple[str, str, int, str], dict] | None = None) -> str | None:
     """Rows measured in turns with a reference engine: the median of the per-pair ratios and their range, with
     the two medians (the pair's own figures: drift between the rounds of one pair falls on both engines)."""
+    references = references or {}
     paired = sorted(((name, profile, c), row) for (name, profile, c), row in rows.items() if row.get("pair"))
     if not paired:
         return None
@@ -195,7 +225,7 @@ def paired_table(rows: dict) -> str | None:
         pair = row["pair"]
         if pair.get("ratio_median") is None:
             continue
-        ref = rows.get((pair["engine"], profile, c), {})
+        ref = references.get((pair["engine"], profile, c, name)) or rows.get((pair["engine"], profile, c), {})
         ref_tok = ref.get("tok_per_s_median") if ref.get("paired_with") == name else None
         ref_text = f"{ref_tok:.0f}" if ref_tok is not None else "-"
         lines.append(f"| {name} | {profile} | {c} | {pair['engine']} | {pair['ratio_median']:.3f} "
@@ -241,11 +271,15 @@ def render(path: Path) -> str:
     if any(name.startswith(PREMISE) for (name, _, _) in rows):
         parts.append("premise: mean target step ms, specctl pinned at K / static-K engine")
         parts.append(premise_table(rows))
-    paired = paired_table(rows)
+    references = reference_rows(path)
+    paired = paired_table(rows, references)
     if paired:
         parts.append("paired rounds: each engine measured in turns with its reference on one GPU (A B, B A ...), "
                      "one ratio per pair of rounds")
         parts.append(paired)
+        shared_note = shared_references(references)
+        if shared_note:
+            parts.append(shared_note)
     if failures:
         parts.append(failures_text(failures))
     return "\n\n".join(parts) if parts else f"no rows in {path}"

@@ -130,3 +130,17 @@ def test_paired_rows_show_the_median_of_their_per_pair_ratios(tmp_path):
     text = render(path)
     assert "| premise-k0 | low | 64 | plain | 0.980 (0.970-0.990) | 7546 / 7700 |" in text
     assert "| k2 | low | 64 |" not in text  # measured alone: no paired line
+
+
+def test_a_reference_paired_with_two_engines_gives_each_pairing_its_own_median(tmp_path):
+    """Plain measured beside specctl and then beside premise-k0 at one point: each paired line shows the plain
+    rounds of its own pairing (not the last one), and the note says the profile tables use the last."""
+    pair = {"engine": "plain", "ratio_median": 0.96, "ratio_min": 0.9, "ratio_max": 1.0}
+    path = results(tmp_path, [row("plain", "low", 64, 6000, 5900, 6100, paired_with="specctl_skip"),
+                              row("specctl_skip", "low", 64, 5760, 5700, 5800, pair=pair),
+                              row("plain", "low", 64, 6800, 6700, 6900, paired_with="premise-k0"),
+                              row("premise-k0", "low", 64, 6290, 6200, 6300, pair={**pair, "ratio_median": 0.925})])
+    text = render(path)
+    assert "| specctl_skip | low | 64 | plain | 0.960 (0.900-1.000) | 5760 / 6000 |" in text
+    assert "| premise-k0 | low | 64 | plain | 0.925 (0.900-1.000) | 6290 / 6800 |" in text
+    assert "plain at low c=64 was measured beside premise-k0, specctl_skip" in text
