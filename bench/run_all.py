@@ -25,6 +25,8 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("sim", [], ["--quick"]),
     ("reporter_cost", [], ["--posts", "30"]),
     ("overhead", [], []),
+    ("engine_core_ab", [], ["--sizes", "64", "--rounds", "1", "--steps", "50",
+                            "--out", "bench/results/tmp/engine_core_ab_quick.json"]),
     ("cpu.identical", [], ["--engines", "2", "--rounds", "2", "--out", "bench/results/tmp/identical_quick.json"]),
     ("cpu_engine", [], ["--quick"]),
 ]
