@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -219,19 +220,44 @@ def paired_table(rows: dict, references: dict[tuple[str, str, int, str], dict] |
     paired = sorted(((name, profile, c), row) for (name, profile, c), row in rows.items() if row.get("pair"))
     if not paired:
         return None
-    lines = ["| engine | profile | c | reference | paired ratio, median (min-max) | engine / reference tok/s |",
-             "|---|---|---|---|---|---|"]
+    lines = [("| engine | profile | c | reference | paired ratio, median (min-max) | engine / reference tok/s "
+              "| pairs | min-max holds the median with | pair sd | pairs for ±2 % |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (name, profile, c), row in paired:
         pair = row["pair"]
         if pair.get("ratio_median") is None:
             continue
+        ratios = [float(r) for r in pair.get("ratios") or []]
+        n, sd, need = pair_noise(ratios)
         ref = references.get((pair["engine"], profile, c, name)) or rows.get((pair["engine"], profile, c), {})
         ref_tok = ref.get("tok_per_s_median") if ref.get("paired_with") == name else None
         ref_text = f"{ref_tok:.0f}" if ref_tok is not None else "-"
         lines.append(f"| {name} | {profile} | {c} | {pair['engine']} | {pair['ratio_median']:.3f} "
                      f"({pair['ratio_min']:.3f}-{pair['ratio_max']:.3f}) | {row['tok_per_s_median']:.0f} / "
-                     f"{ref_text} |")
+                     f"{ref_text} | {n or '-'} | {f'{median_coverage(n):.1%}' if n >= 2 else '-'} | "
+                     f"{f'{sd:.3f}' if sd is not None else '-'} | {need if need is not None else '-'} |")
     return "\n".join(lines)
+
+
+def median_coverage(n: int) -> float:
+    """Chance that the smallest and largest of n independent pair ratios hold their median between them:
+    1 - 2 * 0.5^n (all n on one side of it happens with 0.5^n each way). With 6 pairs 96.9 %."""
+    return 1.0 - 2.0 * 0.5 ** n if n > 0 else 0.0
+
+
+#: Half-width of the interval a point should reach, and its normal quantile (95 %, two-sided).
+RESOLVE = 0.02
+Z95 = 1.96
+
+
+def pair_noise(ratios: list[float]) -> tuple[int, float | None, int | None]:
+    """(pairs, standard deviation of the per-pair ratios, pairs a 95 % interval of ±``RESOLVE`` on their mean
+    would need at that deviation): what a point's pairs say about the next run's length."""
+    n = len(ratios)
+    if n < 2:
+        return n, None, None
+    sd = statistics.stdev(ratios)
+    return n, sd, max(2, math.ceil((Z95 * sd / RESOLVE) ** 2))
 
 
 def failures_text(failures: dict) -> str:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.gpu.steady_table import best_static, cell, premise_table, render, spread_statement
+import pytest
+
+from bench.gpu.steady_table import (
+    best_static,
+    cell,
+    median_coverage,
+    pair_noise,
+    premise_table,
+    render,
+    spread_statement,
+)
 
 
 def row(engine: str, profile: str, c: int, med: float, lo: float, hi: float, **extra) -> dict:
@@ -144,3 +154,30 @@ def test_a_reference_paired_with_two_engines_gives_each_pairing_its_own_median(t
     assert "| specctl_skip | low | 64 | plain | 0.960 (0.900-1.000) | 5760 / 6000 |" in text
     assert "| premise-k0 | low | 64 | plain | 0.925 (0.900-1.000) | 6290 / 6800 |" in text
     assert "plain at low c=64 was measured beside premise-k0, specctl_skip" in text
+
+
+@pytest.mark.parametrize(("n", "want"), [(1, 0.0), (2, 0.5), (3, 0.75), (6, 0.96875)])
+def test_min_max_of_n_pairs_hold_the_median_with_one_minus_two_halves_to_the_n(n, want):
+    assert median_coverage(n) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("ratios", "want"), [
+    ([], (0, None, None)),
+    ([0.97], (1, None, None)),
+    ([1.0, 1.0, 1.0], (3, 0.0, 2)),                    # no noise: the floor of two pairs
+    ([0.96, 1.0, 1.04], (3, 0.04, 16)),                # (1.96 * 0.04 / 0.02)^2 = 15.4
+    ([0.8, 1.0, 1.2], (3, 0.2, 385)),
+])
+def test_the_pairs_a_point_needs_follow_from_the_spread_of_its_pair_ratios(ratios, want):
+    n, sd, need = pair_noise(ratios)
+    assert (n, need) == (want[0], want[2])
+    assert sd == (None if want[1] is None else pytest.approx(want[1]))
+
+
+def test_the_paired_line_states_its_pairs_coverage_noise_and_the_pairs_needed(tmp_path):
+    pair = {"engine": "plain", "ratios": [0.96, 1.0, 1.04], "ratio_median": 1.0, "ratio_min": 0.96,
+            "ratio_max": 1.04}
+    path = results(tmp_path, [row("plain", "low", 64, 7700, 7600, 7800, paired_with="premise-k0"),
+                              row("premise-k0", "low", 64, 7700, 7400, 7900, pair=pair)])
+    assert "| premise-k0 | low | 64 | plain | 1.000 (0.960-1.040) | 7700 / 7700 | 3 | 75.0% | 0.040 | 16 |" \
+        in render(path)
