@@ -44,12 +44,16 @@ K_MAX = 7
 PROMPT_TOKENS = 64
 WARMUP_STEPS = 20
 BLOCK_SIZE = 16
+MAX_MODEL_LEN = 4096
+#: A request grows by at most 1 + K_MAX tokens a step: past this many timed steps it would reach the model
+#: length and finish, and the batch would no longer hold N requests.
+MAX_STEPS = (MAX_MODEL_LEN - PROMPT_TOKENS) // (1 + K_MAX) - WARMUP_STEPS - 32
 
 
 def vllm_config(spec_k: int, max_seqs: int, model_dir: Path) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 
-    scheduler = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=8192, max_model_len=4096,
+    scheduler = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=8192, max_model_len=MAX_MODEL_LEN,
                                 enable_chunked_prefill=True, async_scheduling=True, is_encoder_decoder=False)
     model = ModelConfig(model=str(model_dir), dtype="float32", seed=0)
     cache = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="auto")
@@ -79,7 +83,7 @@ def build_scheduler(arm: str, n: int, model_dir: Path) -> Any:
     from specctl_vllm.engine_patch.runtime import SpecctlMixin
 
     config = vllm_config(0 if arm == "plain" else K_MAX, n, model_dir)
-    blocks = n * (PROMPT_TOKENS + 4096) // BLOCK_SIZE + 64
+    blocks = n * (PROMPT_TOKENS + MAX_MODEL_LEN) // BLOCK_SIZE + 64
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1,
                                                       dtype=torch.float32))])
@@ -160,7 +164,9 @@ def run_arm(arm: str, n: int, steps: int, seed: int, model_dir: Path) -> dict[st
     in_flight: list[Any] = []
     times: list[int] = []
     decoding = 0
-    while len(times) < steps:
+    for _ in range(steps + WARMUP_STEPS + 64):  # bounded: the batch is all-decode from the third step on
+        if len(times) >= steps:
+            break
         t = time.perf_counter_ns()
         output = scheduler.schedule()
         spent = time.perf_counter_ns() - t
@@ -176,6 +182,9 @@ def run_arm(arm: str, n: int, steps: int, seed: int, model_dir: Path) -> dict[st
         decoding = decoding + 1 if all_decode else 0
         if decoding > WARMUP_STEPS:
             times.append(spent)
+    if len(times) < steps:
+        raise RuntimeError(f"{arm} at {n} requests: the batch did not stay at {n} decoding requests "
+                           f"({len(times)} of {steps} steps timed)")
     row: dict[str, Any] = {"step_us": statistics.median(times) / 1e3, "drafts_last_step": sum(
         len(v) for v in output.scheduled_spec_decode_tokens.values())}
     rt = getattr(scheduler, "_specctl", None)
@@ -224,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
         parser.error(f"--arms takes a comma list of {', '.join(ARMS)}, not {args.arms!r}")
-    if args.rounds < 1 or args.steps < 1:
-        parser.error("--rounds and --steps must be at least 1")
+    if args.rounds < 1 or not 1 <= args.steps <= MAX_STEPS:
+        parser.error(f"--rounds must be at least 1 and --steps between 1 and {MAX_STEPS} (the requests' room)")
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     except ValueError:

@@ -32,7 +32,8 @@ def test_each_arm_runs_vllms_scheduler_at_the_width_it_names(arm, drafts, width)
         assert row["errors"] == {}
 
 
-@pytest.mark.parametrize("argv", [["--arms", "plain,fast"], ["--rounds", "0"], ["--sizes", "x"], ["--sizes", "0"]])
+@pytest.mark.parametrize("argv", [["--arms", "plain,fast"], ["--rounds", "0"], ["--sizes", "x"], ["--sizes", "0"],
+                                  ["--steps", str(ab.MAX_STEPS + 1)]])
 def test_bad_arguments_exit_2_with_a_reason(argv, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         ab.main(argv)
