@@ -27,18 +27,21 @@ step time, with min and max; ratios to ``plain`` are per round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "engine_core_ab.json"
 MODEL_DIR = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
+CONTROLLER_URL_ENV = "SPECCTL_CONTROLLER_URL"
 ARMS = ("plain", "static_k7", "patched_k0", "patched_adaptive")
 K_MAX = 7
 PROMPT_TOKENS = 64
@@ -93,11 +96,27 @@ def build_scheduler(arm: str, n: int, model_dir: Path) -> Any:
         class Patched(SpecctlMixin, AsyncScheduler):
             pass
         cls = Patched
-    scheduler = cls(vllm_config=config, kv_cache_config=kv, log_stats=True, block_size=BLOCK_SIZE,
-                    structured_output_manager=StructuredOutputManager(config))
+    with controller_off():
+        scheduler = cls(vllm_config=config, kv_cache_config=kv, log_stats=True, block_size=BLOCK_SIZE,
+                        structured_output_manager=StructuredOutputManager(config))
     if arm.startswith("patched"):
         wire_graph_shaped(scheduler, 0 if arm == "patched_k0" else None)
     return scheduler
+
+
+@contextlib.contextmanager
+def controller_off() -> Iterator[None]:
+    """The patch's runtime starts no reporter thread while the scheduler is built (nothing to report to), and the
+    process's environment is left as it was."""
+    held = os.environ.get(CONTROLLER_URL_ENV)
+    os.environ[CONTROLLER_URL_ENV] = "off"
+    try:
+        yield
+    finally:
+        if held is None:
+            os.environ.pop(CONTROLLER_URL_ENV, None)
+        else:
+            os.environ[CONTROLLER_URL_ENV] = held
 
 
 def wire_graph_shaped(scheduler: Any, pinned: int | None) -> None:
@@ -229,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=MODEL_DIR, help="model folder (its config only is read)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    os.environ.setdefault("SPECCTL_CONTROLLER_URL", "off")
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
         parser.error(f"--arms takes a comma list of {', '.join(ARMS)}, not {args.arms!r}")

@@ -39,3 +39,16 @@ def test_bad_arguments_exit_2_with_a_reason(argv, capsys) -> None:
         ab.main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("before", [None, "http://controller:8081"])
+def test_building_a_scheduler_leaves_the_environment_as_it_was(before, monkeypatch) -> None:
+    """The patch's runtime is built with its reporter off, and the process's controller setting comes back
+    unchanged (later engines in the same process must not inherit 'off')."""
+    if before is None:
+        monkeypatch.delenv(ab.CONTROLLER_URL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ab.CONTROLLER_URL_ENV, before)
+    scheduler = ab.build_scheduler("patched_k0", 2, ab.MODEL_DIR)
+    assert scheduler._specctl.reporter is None
+    assert ab.os.environ.get(ab.CONTROLLER_URL_ENV) == before
