@@ -243,6 +243,19 @@ def should_start(points: list[plan.Point], rows: dict, timing: plan.Timing, t_en
     return allow_partial and now + engines * plan.engine_seconds(points[:1], timing, startup) <= t_end
 
 
+def plan_line(full: list, left: list, rows: dict, timing: plan.Timing, budget_s: float, engines: int = 1) -> str:
+    """The sweep's plan as designed, with the round-boundary slack, and what is left against the budget. A
+    paired child (``engines`` = 2) starts two engines and runs every point's warm-up and rounds on both."""
+    starts = sum(1 for _, p in full if p) * engines
+    designed = engines * plan.planned_seconds(full, timing)
+    slack = engines * plan.planned_seconds(full, timing, slack_s=plan.ROUND_SLACK_S)
+    remaining = engines * plan.planned_seconds(left, timing, plan.startup_guess(rows), plan.ROUND_SLACK_S)
+    paired = ", paired: both engines' starts and rounds" if engines > 1 else ""
+    return (f"planned: full sweep {designed / 60:.1f} min ({sum(len(p) for _, p in full)} points, {starts} engine "
+            f"starts at {plan.STARTUP_GUESS_S:.0f} s{paired}; {slack / 60:.1f} min with the round-boundary slack); "
+            f"left {remaining / 60:.1f} min ({sum(len(p) for _, p in left)} points); budget {budget_s / 60:.1f} min")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     t_end = time.time() + args.budget_s
@@ -257,12 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = pair_reference(args.pair_with)
     full = [(e, pts) for e, pts in sweep_plan(args, rows) if reference is None or e.name != reference.name]
     left = [(e, plan.pending(pts, set(rows))) for e, pts in full]
-    print(f"planned: full sweep {plan.planned_seconds(full, timing) / 60:.1f} min "
-          f"({sum(len(p) for _, p in full)} points, {sum(1 for _, p in full if p)} engine starts at "
-          f"{plan.STARTUP_GUESS_S:.0f} s; {plan.planned_seconds(full, timing, slack_s=plan.ROUND_SLACK_S) / 60:.1f} "
-          f"min with the round-boundary slack); left "
-          f"{plan.planned_seconds(left, timing, plan.startup_guess(rows), plan.ROUND_SLACK_S) / 60:.1f} min "
-          f"({sum(len(p) for _, p in left)} points); budget {args.budget_s / 60:.1f} min", flush=True)
+    print(plan_line(full, left, rows, timing, args.budget_s, engines=1 if reference is None else 2), flush=True)
     for folder in args.mirror:  # the mirror holds every row so far, not only this call's
         folder.mkdir(parents=True, exist_ok=True)
         if args.results.exists():

@@ -14,6 +14,7 @@ from bench.gpu.sweep import (
     error_row,
     pair_reference,
     parse,
+    plan_line,
     should_start,
     sweep_plan,
     timing_of,
@@ -234,3 +235,17 @@ def test_an_unpaired_child_gets_no_pair_arguments(tmp_path, monkeypatch):
     engine = BY_NAME["k2"]
     sweep.run_child(engine, plan.engine_points(engine, ("low",), (64,), timing_of(args)), args, 1e12, None)
     assert not any(a.startswith("--pair") or a == "--memory-share" for a in started["cmd"])
+
+
+@pytest.mark.parametrize(("engines", "starts", "minutes"), [(1, 1, 4.7), (2, 2, 9.4)])
+def test_the_plan_line_counts_both_engines_of_a_paired_child(engines, starts, minutes):
+    """4 points of 10 s warm-up and 6 rounds of 3 s, one engine at the 170 s guess: 170 + 4 * 28 = 282 s alone;
+    paired, the reference starts too and runs every warm-up and round beside it."""
+    timing = plan.Timing(round_s=3.0, rounds=6)
+    points = [plan.Point(label="specctl_skip", profile=p, concurrency=c, warmup_s=10.0)
+              for p in ("low", "mixed") for c in (64, 256)]
+    line = plan_line([(BY_NAME["specctl_skip"], points)], [(BY_NAME["specctl_skip"], points)], {}, timing, 1450.0,
+                     engines=engines)
+    assert line.startswith(f"planned: full sweep {minutes:.1f} min (4 points, {starts} engine starts at 170 s")
+    assert ("paired" in line) == (engines == 2)
+    assert line.endswith("budget 24.2 min")
