@@ -13,18 +13,21 @@
 set -uo pipefail
 # shellcheck source=prelude.sh
 source "$(dirname "$0")/prelude.sh"
+# one results file: the budget check guesses an engine start from the starts it holds (170 s on an empty file,
+# where these engines started in 70-150 s), and the paired table keeps each pairing's reference rows apart
+RESULTS="$OUTDIR/h200_steady_spread_s18_pair.jsonl"
 export SPECCTL_BENCH_PROFILE_DIR="$OUTDIR/prof" SPECCTL_BENCH_PROFILE_STEPS=40
-SPECCTL_DRAFT_AT_ZERO=skip sweep --results "$OUTDIR/h200_steady_spread_s18_premise.jsonl" --premise --premise-ks 0 \
+SPECCTL_DRAFT_AT_ZERO=skip sweep --results "$RESULTS" --premise --premise-ks 0 \
     --premise-profile low --premise-concurrency 64 --pair-with plain --rounds 16 --round-s 3
 unset SPECCTL_BENCH_PROFILE_DIR
 python3 -m bench gpu.trace_summary "$OUTDIR/prof" --out "$OUTDIR/trace_summary_s18.json"
 fresh_controller
-sweep --results "$OUTDIR/h200_steady_spread_s18_low64.jsonl" --only specctl_skip --profiles low --concurrency 64 \
+sweep --results "$RESULTS" --only specctl_skip --profiles low --concurrency 64 \
     --pair-with plain --rounds 16 --round-s 3 --allow-partial
 fresh_controller
-sweep --results "$OUTDIR/h200_steady_spread_s18_mixed64_k7.jsonl" --only specctl_skip --profiles mixed \
+sweep --results "$RESULTS" --only specctl_skip --profiles mixed \
     --concurrency 64 --pair-with k7 --rounds 12 --round-s 3 --allow-partial
 fresh_controller
-sweep --results "$OUTDIR/h200_steady_spread_s18_low256.jsonl" --only specctl_skip --profiles low --concurrency 256 \
+sweep --results "$RESULTS" --only specctl_skip --profiles low --concurrency 256 \
     --pair-with plain --rounds 8 --round-s 8 --allow-partial
 session_done
