@@ -253,12 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--arms takes a comma list of {', '.join(ARMS)}, not {args.arms!r}")
     if args.rounds < 1 or not 1 <= args.steps <= MAX_STEPS:
         parser.error(f"--rounds must be at least 1 and --steps between 1 and {MAX_STEPS} (the requests' room)")
-    try:
-        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
-    except ValueError:
-        parser.error(f"--sizes takes comma-separated request counts, not {args.sizes!r}")
-    if not sizes or sizes[0] < 1:
-        parser.error("--sizes needs at least one request count, each at least 1")
+    from bench.overhead import request_sizes
+
+    sizes = request_sizes(parser, args.sizes)
     if not (args.model / "config.json").is_file():
         parser.error(f"no model config at {args.model} (make model)")
     logging.getLogger("vllm").setLevel(logging.WARNING)

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.overhead import GRAPH_ENGINE_WIDTHS, graph_policy, median
+from bench.overhead import GRAPH_ENGINE_WIDTHS, graph_policy, median, request_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "mixin_ab.json"
@@ -210,12 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPECCTL_CONTROLLER_URL", "off")
     if args.rounds < 1 or args.steps < 1:
         parser.error("--rounds and --steps must be at least 1")
-    try:
-        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
-    except ValueError:
-        parser.error(f"--sizes takes comma-separated request counts, not {args.sizes!r}")
-    if not sizes or sizes[0] < 1:
-        parser.error("--sizes needs at least one request count, each at least 1")
+    sizes = request_sizes(parser, args.sizes)
     rows = [ab(n, args.rounds, args.steps, args.evict_mb) for n in sizes]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_average": os.getloadavg(),

@@ -59,6 +59,17 @@ class SampledStats:
         return _Sampled()
 
 
+def request_sizes(parser: argparse.ArgumentParser, raw: str) -> list[int]:
+    """``--sizes`` as sorted distinct request counts, each at least 1; anything else is a usage error (exit 2)."""
+    try:
+        sizes = sorted({int(s) for s in raw.split(",") if s.strip()})
+    except ValueError:
+        parser.error(f"--sizes takes comma-separated request counts, not {raw!r}")
+    if not sizes or sizes[0] < 1:
+        parser.error("--sizes needs at least one request count, each at least 1")
+    return sizes
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     if not ordered:
