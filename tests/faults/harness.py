@@ -256,6 +256,17 @@ def engine_steps(seen: list, t0: float, t1: float) -> list[EngineStep]:
     return sorted((x for x in steps if t0 <= x.start <= t1), key=lambda x: x.start)
 
 
+def uncovered(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """How much of [t0, t1] none of the half-open ``spans`` covers (they may overlap and stick out)."""
+    covered, reach = 0.0, t0
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, t1)
+        if b > a:
+            covered += b - a
+            reach = b
+    return (t1 - t0) - covered
+
+
 def compare(results: list[Result], reference: dict[str, Result]) -> tuple[list[str], list[str]]:
     """(failed request descriptions, prompts whose greedy tokens differ from the reference)."""
     failed = [f"{r.prompt.id}: {r.status} {r.error[:200]}" for r in results if not r.ok or not r.finish_reason]

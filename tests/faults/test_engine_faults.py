@@ -37,6 +37,7 @@ from tests.faults.harness import (
     engine_steps,
     process_name,
     rss_mb,
+    uncovered,
     wait_for_pinned_run,
     wait_for_window,
 )
@@ -265,10 +266,33 @@ def _run_fault(suite: FaultSuite, name: str, apply, heal, *, applied_k: int | No
     assert not report.mismatched, report.mismatched
     assert report.reattach_s is not None and report.reattach_s <= REATTACH_BOUND_S, report
     assert report.pinned_again_s is not None, f"no engine step back at k={PINNED_K}: {report}"
-    late = [s for s in steps if s.start > back_surely + RECEIPT_SLACK_S and s.depth != PINNED_K]
+    followed, late = _held_to_fresh_policy(suite, report, steps, back_surely + RECEIPT_SLACK_S, back_surely + 3.0)
+    assert followed, f"no engine step after re-attaching while its policy was surely fresh: {report}"
     assert not late, f"steps not at the controller's k after re-attaching: {late[:3]}; {report}"
     _assert_not_blocked(report)
     return report
+
+
+def _held_to_fresh_policy(suite: FaultSuite, report: PhaseReport, steps: list[EngineStep], t0: float, t1: float
+                          ) -> tuple[list[EngineStep], list[EngineStep]]:
+    """(steps started in [t0, t1] while the engine surely held a fresh controller policy, those of them not at
+    the pinned k).
+
+    A policy is surely fresh from :data:`RECEIPT_SLACK_S` after the proxy wrote an answer the engine surely
+    used (see :func:`_outage`) until :data:`POLICY_TTL_S` after it: the engine received it later than it was
+    written and counts the TTL from receipt. Outside those spans the engine may rightly run its static config:
+    on a 2-CPU host a controller or a reporter thread starved for longer than the TTL lets the policy expire,
+    which is the fallback the suite checks elsewhere, not a failure to follow. How long that happened after
+    re-attaching is recorded in the report.
+    """
+    sure = sorted(done for got, done, status, fault in list(suite.proxy.answers)
+                  if t0 - POLICY_TTL_S <= done <= t1 and fault is Fault.PASS and status == 200
+                  and done - got < REQUEST_TIMEOUT_S - AMBIGUOUS_S)
+    spans = [(done + RECEIPT_SLACK_S, done + POLICY_TTL_S) for done in sure]
+    fresh = [s for s in steps if t0 <= s.start <= t1 and any(a <= s.start < b for a, b in spans)]
+    report.notes["stale_after_reattach_s"] = round(uncovered(spans, t0, t1), 3)
+    return fresh, [s for s in fresh if s.depth != PINNED_K]
+
 
 
 def _check_hold_then_static(report: PhaseReport, steps: list[EngineStep], t_fault: float, last_answer: float,
@@ -342,7 +366,9 @@ def test_attaches_and_follows_the_controller(suite):
     report.pinned_again_s = seen[1] - t0
     time.sleep(3)
     steps = engine_steps(suite.proxy.seen_since(t0), attached + RECEIPT_SLACK_S, time.monotonic())
-    assert steps and all(s.depth == PINNED_K for s in steps), steps[:5]
+    followed, late = _held_to_fresh_policy(suite, report, steps, attached + RECEIPT_SLACK_S, time.monotonic())
+    assert followed, f"no engine step while its policy was surely fresh: {report}"
+    assert not late, late[:5]
     seen_categories = {c for s in suite.proxy.seen_since(t0) for c in s.draft_tokens_by_category}
     assert seen_categories <= suite.categories, seen_categories - suite.categories
     _check_requests(suite, report, t0)
