@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "overhead": "bench.overhead",
     "mixin_ab": "bench.mixin_ab",
     "engine_core_ab": "bench.engine_core_ab",
+    "hook_sections": "bench.hook_sections",
     "cpu_engine": "bench.cpu_engine",
     "cpu.identical": "bench.cpu.identical",
     "cpu.stats": "bench.cpu.stats",

@@ -27,6 +27,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("overhead", [], []),
     ("engine_core_ab", [], ["--sizes", "64", "--rounds", "1", "--steps", "50",
                             "--out", "bench/results/tmp/engine_core_ab_quick.json"]),
+    ("hook_sections", [], ["--sizes", "16", "--steps", "40", "--out", "bench/results/tmp/hook_sections_quick.json"]),
     ("cpu.identical", [], ["--engines", "2", "--rounds", "2", "--out", "bench/results/tmp/identical_quick.json"]),
     ("cpu_engine", [], ["--quick"]),
 ]

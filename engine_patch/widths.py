@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
+from specctl_vllm.controller.core.model.cells import bucket_of
 from specctl_vllm.controller.core.model.measured import (
     BLOCK_STEPS,
     SETTLE_STEPS,
@@ -143,6 +144,9 @@ class WidthChooser:
         self._expected: dict[int, float] = {}
         self._unseen = 0.0
         self._other_curves: dict[str, tuple[float, ...]] = {}
+        # the measured check of the last computed width: ((meter bucket, width), verdict, probe due), kept while
+        # that width is reused (see _checked)
+        self._check: tuple[tuple[int, int], Verdict, int | None] | None = None
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping) -> None:
@@ -215,6 +219,7 @@ class WidthChooser:
             self._expected = {}
             self._other_curves = {}
             self._unseen = sum(share for category, share in shares.items() if category not in self._fast)
+            self._check = None
         self.width = self._checked(self._decided[2], batch, bucket, table)
         return self.width
 
@@ -285,11 +290,34 @@ class WidthChooser:
         return True
 
     def _checked(self, model_width: int, batch: int, bucket: int, table: PolicyTable) -> int:
-        """The measured check on the model's width, and the start of a probe run where one is due."""
+        """The measured check on the model's width, and the start of a probe run where one is due.
+
+        The verdict is taken when the model's width is computed and kept while that width is reused (at most
+        :data:`RULE_REUSE_STEPS` - 1 steps, in one bucket of the meter): one step more in a cell of hundreds
+        moves neither goodput nor its margin, and the two readings, the transfer to today's mix and the
+        margins were the larger part of the rule's time at 256 requests. Whether a probe starts is asked
+        every step, so probes keep their gaps to the step."""
         meter = self.measured
         if model_width <= 0 or not meter.timing:
             self._held_off.discard(bucket)
             return model_width
+        where = (bucket_of(batch, meter.edges), model_width)
+        check = self._check
+        if check is None or check[0] != where:
+            check = self._check = (where, *self._take_verdict(model_width, batch, bucket, table))
+        _, v, due = check
+        if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self._gap(v, due):
+            self._since_probe[bucket] = 0
+            self.probes += 1
+            self._probe_width = due
+            self._probe_left = self.probe_run - 1
+            return due
+        return v.width
+
+    def _take_verdict(self, model_width: int, batch: int, bucket: int, table: PolicyTable
+                      ) -> tuple[Verdict, int | None]:
+        """(the measured check's verdict on ``model_width``, the width a probe should measure or None)."""
+        meter = self.measured
         # the drafting width's goodput for today's mix (its cell's steps may have been taken on other traffic)
         plain = meter.reading(batch, 0)
         drafting = meter.reading(batch, model_width, self._transfer(model_width, table))
@@ -301,14 +329,7 @@ class WidthChooser:
             self._held_off.add(bucket)
         else:
             self._held_off.discard(bucket)
-        due = probe_due(v, plain, drafting, model_width, unseen=self._unseen)
-        if due is not None and self.probe_run > 0 and self._since_probe.get(bucket, 0) >= self._gap(v, due):
-            self._since_probe[bucket] = 0
-            self.probes += 1
-            self._probe_width = due
-            self._probe_left = self.probe_run - 1
-            return due
-        return v.width
+        return v, probe_due(v, plain, drafting, model_width, unseen=self._unseen)
 
     def _gap(self, v: Verdict, due: int) -> int:
         """Steps between probes. A probe of K = 0 under the model's drafting width costs in proportion to the

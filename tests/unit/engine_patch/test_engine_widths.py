@@ -978,3 +978,41 @@ def test_a_width_refuted_on_one_traffic_is_looked_at_again_when_the_traffic_chan
                                     rig.holder.current(rig.clock()), 4000, 1500)
     assert sum(1 for k in stale if k) < 0.7 * len(stale)  # plain decoding until the prose evidence fades
     assert stale_goodput < 0.97 * goodput
+
+
+def test_the_measured_check_is_taken_with_the_width_and_probes_keep_their_gap(monkeypatch) -> None:
+    """The verdict is taken on the steps where the rule computes its width (at least every RULE_REUSE_STEPS
+    steps), not on the steps that reuse it; a probe of plain still starts on the very step its gap runs out,
+    a step that reuses the width here."""
+    from specctl_vllm.engine_patch import widths as chooser_module
+
+    rule: list[int] = []
+    verdicts: list[int] = []
+    real_rule, real_verdict = chooser_module.choose_width, chooser_module.verdict
+
+    def counted_rule(*args, **kwargs):
+        rule.append(step)
+        return real_rule(*args, **kwargs)
+
+    def counted_verdict(*args, **kwargs):
+        verdicts.append(step)
+        return real_verdict(*args, **kwargs)
+
+    monkeypatch.setattr(chooser_module, "choose_width", counted_rule)
+    monkeypatch.setattr(chooser_module, "verdict", counted_verdict)
+    curve = list(geometric_lengths(0.85, 7))
+    rig = Rig(GRAPH)
+    install(rig, cells([PromptEngine.DECODE_S[k] * 1e3 for k in (0, 1, 2, 4, 7)]), prose=CP(k=4, expected=curve))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, probe_gap=2)
+    chooser.measured.observe(64, 4, 200, 0.01)  # the engine times its steps: the check runs
+    chosen = []
+    for step in range(80):
+        chosen.append(chooser.choose({"prose": 64}, table, 64))
+    gap = int(2 * (1.0 + chooser._model_gain / widths_module.PROBE_GAIN_UNIT))
+    first = gap - 1  # the bucket's steps count from 1
+    assert chosen[:first] == [4] * first
+    assert chosen[first:first + chooser.probe_run] == [0] * chooser.probe_run
+    assert first not in rule  # the probe began on a step that reused the width
+    assert verdicts == [s for s in rule if s < first or s >= first + chooser.probe_run]
+    assert 0 < len(rule) <= -(-(80 - chooser.probe_run) // widths_module.RULE_REUSE_STEPS) + 1

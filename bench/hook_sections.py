@@ -1,0 +1,286 @@
+"""What each section of the graph-shaped hook costs per step under churn, and the same against another checkout.
+
+The H200's busiest point is 256 requests with finished requests replaced all the time: every step carries a
+few prompts, the widest width fills the token budget, and the width rule prices the widths with the
+steady-step model (:mod:`specctl_vllm.controller.core.model.budget`). There the patch's own log line put the hook
+at 1.30-1.44 % of step time while it drafted (session 17; target 1 %), split into before / after (width
+rule) / observe / finish. This benchmark rebuilds that regime without a GPU:
+
+* :class:`tests.support.engine_sim.SimEngine` drives :class:`~specctl_vllm.engine_patch.hook.SpecHook` on real
+  ``vllm.v1.request.Request`` objects, as the runtime does on model runner V2 (async scheduling, drafts
+  counted in vLLM's own update loop through the patch's counting call);
+* each request finishes after a length drawn from ``--length`` / 2 to 3 ``--length`` / 2 tokens (128: the
+  H200 benchmark's ``spread`` workload, 32-224) and is replaced by a new one (a 64-token prompt), so steps
+  carry prompts; the token budget is ``requests x (1 + k_max)``, which the widest
+  width fills;
+* a buffer of ``--evict-mb`` is written where the model runs, so the hook meets the requests out of cache;
+* the cells are the H200-like table of ``bench overhead`` (``--cells h200``) or flat ones on which every
+  width costs what K = 0 does (``--cells flat``: the rule keeps drafting at K = 7).
+
+Each section is timed around the hook's own methods with ``perf_counter_ns``; the counting calls inside
+vLLM's loop are timed one by one. Per run: the median over steps of each section and of their total.
+
+``--baseline PATH`` runs the same measurement from another checkout of the project (its ``specctl_vllm``
+first on ``sys.path``) and this one in turns, ``--rounds`` pairs (A B, B A, ...), each run in a fresh process:
+per size, both sides' medians over rounds, and the median (min-max) of the per-pair ratios this / baseline.
+
+Usage: ``python -m bench hook_sections [--sizes 64,256] [--steps 400] [--rounds 5] [--baseline PATH]
+[--out FILE]``; results JSON (default ``bench/results/hook_sections.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "hook_sections.json"
+SECTIONS = ("before", "after", "rule", "observe", "counting", "finish")
+#: Sections that add up to the hook's cost per step ("rule" is part of "after").
+SUMMED = ("before", "after", "observe", "counting", "finish")
+PROMPT_TOKENS = 64
+WARMUP_STEPS = 60
+
+
+def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: int = 0) -> dict[str, Any]:
+    """One run in this process: the medians over ``steps`` steps of each section's µs, after a warm-up that
+    lets the budget meter see its full steps."""
+    import numpy as np
+    from vllm import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    from bench.overhead import GRAPH_ENGINE_WIDTHS, graph_policy
+    from specctl_vllm.engine_patch.hook import SpecHook, counting_call_ns
+    from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
+    from specctl_vllm.engine_patch.telemetry import StepQueue
+    from tests.support.engine_sim import SimEngine, script_drafter
+    from tests.support.workload import CATEGORIES
+
+    rng = random.Random(seed * 1_000_003 + n)
+    k_max = max(GRAPH_ENGINE_WIDTHS)
+    engine = EngineSpec(method="eagle3", k_max=k_max, full_cuda_graphs=True, graph_widths=GRAPH_ENGINE_WIDTHS)
+    holder = PolicyHolder(engine)
+    holder.install(graph_policy(flat_cells=cells == "flat"), time.monotonic())
+    queue = StepQueue(4096)
+    hook = SpecHook(engine, holder, queue, overhead_budget=0.0, perf_ns=time.perf_counter_ns, async_mode=True,
+                    token_budget=n * (1 + k_max))
+    hook.drafts_from_engine_loop = True
+    hook.spec_call_ns = counting_call_ns()
+    spent: dict[str, int] = {}
+
+    def timed(owner: Any, name: str, section: str) -> None:
+        original = getattr(owner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[section] = spent.get(section, 0) + time.perf_counter_ns() - t
+
+        setattr(owner, name, call)
+
+    for name, section in (("before_schedule", "before"), ("after_schedule", "after"), ("observe", "observe"),
+                          ("finish", "finish")):
+        timed(hook, name, section)
+    timed(hook.widths, "choose", "rule")
+
+    scripts: dict[str, list[int]] = {}
+    lengths: dict[str, int] = {}
+    buffer = np.zeros(max(int(evict_mb * 2**20) // 8, 1))
+    serial = iter(range(10**9))
+
+    def admit() -> None:
+        rid = f"r{next(serial)}"
+        lengths[rid] = rng.randrange(length // 2, 3 * length // 2 + 1)
+        scripts[rid] = [rng.randrange(100, 5000) for _ in range(lengths[rid] + 2 * k_max + 2)]
+        params = SamplingParams(max_tokens=10**6,
+                                extra_args={"specctl_category": CATEGORIES[rng.randrange(len(CATEGORIES))]})
+        sim.add(Request(rid, [rng.randrange(100, 5000) for _ in range(PROMPT_TOKENS)], params, None))
+
+    def execute(output: Any) -> None:
+        buffer.__iadd__(1.0)  # the model's place: the requests leave the cache
+        for rid in output.num_scheduled_tokens:
+            request = sim.requests[rid]
+            if request.num_output_tokens >= lengths[rid]:
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                admit()
+
+    sim = SimEngine(hook, k_max, None, scripts, execute=execute)
+    sim.drafter = script_drafter(sim, lambda r: rng.randrange(0, 5))
+    counting = sim._counting_call()
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter_ns()
+        try:
+            return counting(*args, **kwargs)
+        finally:
+            spent["counting"] = spent.get("counting", 0) + time.perf_counter_ns() - t
+
+    sim._count = counted
+    for _ in range(n):
+        admit()
+    per_step: dict[str, list[float]] = {s: [] for s in (*SECTIONS, "total")}
+    widths: list[int] = []
+    prompt_steps = 0
+    for i in range(WARMUP_STEPS + steps):
+        spent.clear()
+        sim.step()
+        for rid in [rid for rid, r in sim.requests.items() if r.is_finished()]:
+            del sim.requests[rid], scripts[rid], lengths[rid]
+        queue.drain(4096)  # the reporter's part, in its own thread on an engine
+        if i < WARMUP_STEPS:
+            continue
+        output = sim.last_output
+        widths.append(output.num_spec_tokens_to_schedule)
+        prompt_steps += bool(output.scheduled_new_reqs)
+        for section in SECTIONS:
+            per_step[section].append(spent.get(section, 0) / 1e3)
+        per_step["total"].append(sum(spent.get(s, 0) for s in SUMMED) / 1e3)
+    budget = hook.widths.budget
+    return {
+        "requests": n,
+        "steps": steps,
+        "cells": cells,
+        "median_us": {s: statistics.median(v) for s, v in per_step.items()},
+        "mean_us": {s: statistics.fmean(v) for s, v in per_step.items()},
+        "mean_width": statistics.fmean(widths),
+        "prompt_step_share": prompt_steps / steps,
+        "budget_full_steps": budget.full_step[1] if budget is not None else None,
+        "counting_call_ns": hook.spec_call_ns,
+    }
+
+
+def _worker(args: argparse.Namespace) -> int:
+    rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb, seed=args.seed) for n in args.sizes]
+    import specctl_vllm
+
+    code = str(Path(specctl_vllm.__file__).resolve().parents[1])
+    print(json.dumps([{**row, "code": code} for row in rows]))
+    return 0
+
+
+def _run_side(checkout: Path, args: argparse.Namespace, seed: int, scratch: Path) -> list[dict[str, Any]]:
+    """One run in a fresh process with ``checkout``'s ``specctl_vllm`` and this benchmark's own ``bench`` and
+    ``tests`` (a baseline may predate this module): the process starts in a folder that holds only a link to
+    that package, ahead of this checkout on the path."""
+    link = scratch / "specctl_vllm"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(checkout / "specctl_vllm", target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": f"{scratch}{os.pathsep}{ROOT}", "SPECCTL_CONTROLLER_URL": "off"}
+    command = [sys.executable, "-m", "bench.hook_sections", "--worker", "--sizes", ",".join(map(str, args.sizes)),
+               "--steps", str(args.steps), "--length", str(args.length), "--cells", args.cells,
+               "--evict-mb", str(args.evict_mb), "--seed", str(seed)]
+    done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"run from {checkout} failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    if any(row["code"] != str(checkout.resolve()) for row in rows):
+        raise RuntimeError(f"the run imported specctl_vllm from {rows[0]['code']}, not from {checkout}")
+    return rows
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of (baseline, this) or (this, baseline), alternating; per size the medians and paired ratios."""
+    sides = {"this": ROOT, "baseline": args.baseline.resolve()}
+    runs: dict[str, list[list[dict[str, Any]]]] = {"this": [], "baseline": []}
+    with tempfile.TemporaryDirectory(prefix="hook-sections-") as scratch:
+        for r in range(args.rounds):
+            order = ("baseline", "this") if r % 2 == 0 else ("this", "baseline")
+            for side in order:
+                runs[side].append(_run_side(sides[side], args, seed=r, scratch=Path(scratch)))
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"N={row['requests']} this {this['median_us']['total']:.0f} us, "
+                f"baseline {row['median_us']['total']:.0f} us"
+                for row, this in zip(runs["baseline"][-1], runs["this"][-1])), flush=True)
+    table = {}
+    for i, n in enumerate(args.sizes):
+        this = [run[i] for run in runs["this"]]
+        base = [run[i] for run in runs["baseline"]]
+        ratios = sorted(a["median_us"]["total"] / b["median_us"]["total"] for a, b in zip(this, base))
+        table[str(n)] = {
+            "this_total_us": statistics.median(r["median_us"]["total"] for r in this),
+            "baseline_total_us": statistics.median(r["median_us"]["total"] for r in base),
+            "ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "this_sections_us": {s: statistics.median(r["median_us"][s] for r in this) for s in SECTIONS},
+            "baseline_sections_us": {s: statistics.median(r["median_us"][s] for r in base) for s in SECTIONS},
+            "this_mean_width": statistics.median(r["mean_width"] for r in this),
+            "baseline_mean_width": statistics.median(r["mean_width"] for r in base),
+            "this_runs": this, "baseline_runs": base,
+        }
+    return table
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes takes positive integers separated by commas, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"--sizes takes positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=_sizes, default=[64, 256], help="running requests, comma-separated")
+    parser.add_argument("--steps", type=_positive, default=400, help="measured steps per run (after a warm-up)")
+    parser.add_argument("--length", type=_positive, default=128,
+                        help="mean output tokens of a request (the H200 bench's 'spread' workload: 32-224)")
+    parser.add_argument("--cells", choices=("h200", "flat"), default="flat",
+                        help="the cell table: H200-like, or flat (every width costs K = 0's: the rule drafts)")
+    parser.add_argument("--evict-mb", type=float, default=16.0, help="MB written where the model runs, per step")
+    parser.add_argument("--rounds", type=_positive, default=5, help="--baseline: pairs of runs")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout of the project to compare")
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.length < 4:
+        parser.error("--length must be at least 4 tokens")
+    if args.worker:
+        return _worker(args)
+    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+            "steps": args.steps, "length": args.length, "cells": args.cells, "evict_mb": args.evict_mb,
+            "timer": "perf_counter_ns around the hook's methods and each counting call; medians over steps"}
+    if args.baseline is not None:
+        if not (args.baseline / "specctl_vllm").is_dir():
+            parser.error(f"--baseline {args.baseline} is not a checkout of the project (no specctl_vllm/)")
+        result = {**meta, "rounds": args.rounds, "baseline": str(args.baseline), "sizes": compare(args)}
+        for n, row in result["sizes"].items():
+            print(f"N={n:>4}: this {row['this_total_us']:.0f} us/step, baseline {row['baseline_total_us']:.0f} us/step, "
+                  f"ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}, "
+                  f"{args.rounds} pairs)")
+    else:
+        rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb) for n in args.sizes]
+        result = {**meta, "runs": rows}
+        for row in rows:
+            print(f"N={row['requests']:>4} width {row['mean_width']:.1f}: " + ", ".join(
+                f"{s} {row['median_us'][s]:.1f}" for s in (*SECTIONS, "total")) + " us (medians)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

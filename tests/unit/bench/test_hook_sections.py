@@ -1,0 +1,54 @@
+"""``bench hook_sections``: the graph-shaped hook's sections under churn, alone and against another checkout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import hook_sections as hs
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_run_times_every_section_under_churn() -> None:
+    """Short requests (16-48 tokens) at 16: requests finish and join while the sections are timed; the means of
+    the sections the hook's cost is made of add up to the mean total."""
+    row = hs.measure(16, 40, 32, "flat", evict_mb=1.0)
+    assert set(row["median_us"]) == {*hs.SECTIONS, "total"}
+    means = row["mean_us"]
+    assert means["total"] == pytest.approx(sum(means[s] for s in hs.SUMMED))
+    assert 0 < means["rule"] < means["after"]
+    assert means["counting"] > 0  # drafts were counted in vLLM's loop
+    assert row["prompt_step_share"] > 0  # finished requests were replaced
+    assert 0 <= row["mean_width"] <= 7
+    assert row["budget_full_steps"] > 0  # the widest width filled the token budget
+
+
+def test_the_comparison_runs_each_side_from_its_own_checkout(tmp_path) -> None:
+    """This checkout as its own baseline, one round: both sides ran in their own process, each reporting the
+    package it imported."""
+    args = argparse.Namespace(sizes=[4], steps=10, length=16, cells="flat", evict_mb=0.5, rounds=1, baseline=REPO)
+    table = hs.compare(args)
+    row = table["4"]
+    assert {r["code"] for r in row["this_runs"] + row["baseline_runs"]} == {str(REPO)}
+    assert math.isfinite(row["ratio_median"]) and row["ratio_median"] > 0
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "x"], ["--sizes", "0"], ["--steps", "0"], ["--length", "2"],
+                                  ["--cells", "round"], ["--baseline", "/"]])
+def test_bad_arguments_exit_2_with_a_reason(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        hs.main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip()
+
+
+def test_a_run_writes_its_results(tmp_path) -> None:
+    out = tmp_path / "sections.json"
+    assert hs.main(["--sizes", "4", "--steps", "10", "--evict-mb", "0.5", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [row["requests"] for row in result["runs"]] == [4]
