@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.overhead import GRAPH_ENGINE_WIDTHS, graph_policy, request_sizes
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "hook_sections.json"
 SECTIONS = ("before", "after", "rule", "observe", "counting", "finish")
@@ -59,7 +61,6 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
-    from bench.overhead import GRAPH_ENGINE_WIDTHS, graph_policy
     from specctl_vllm.engine_patch.hook import SpecHook, counting_call_ns
     from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
     from specctl_vllm.engine_patch.telemetry import StepQueue
@@ -222,40 +223,26 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     return table
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes takes positive integers separated by commas, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"--sizes takes positive integers separated by commas, got {text!r}")
-    return sizes
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=_sizes, default=[64, 256], help="running requests, comma-separated")
-    parser.add_argument("--steps", type=_positive, default=400, help="measured steps per run (after a warm-up)")
-    parser.add_argument("--length", type=_positive, default=128,
+    parser.add_argument("--sizes", default="64,256", help="running requests, comma-separated")
+    parser.add_argument("--steps", type=int, default=400, help="measured steps per run (after a warm-up)")
+    parser.add_argument("--length", type=int, default=128,
                         help="mean output tokens of a request (the H200 bench's 'spread' workload: 32-224)")
     parser.add_argument("--cells", choices=("h200", "flat"), default="flat",
                         help="the cell table: H200-like, or flat (every width costs K = 0's: the rule drafts)")
     parser.add_argument("--evict-mb", type=float, default=16.0, help="MB written where the model runs, per step")
-    parser.add_argument("--rounds", type=_positive, default=5, help="--baseline: pairs of runs")
+    parser.add_argument("--rounds", type=int, default=5, help="--baseline: pairs of runs")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout of the project to compare")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    args.sizes = request_sizes(parser, args.sizes)
     if args.length < 4:
         parser.error("--length must be at least 4 tokens")
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
     if args.worker:
         return _worker(args)
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
