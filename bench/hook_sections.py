@@ -15,7 +15,9 @@ rule) / observe / finish. This benchmark rebuilds that regime without a GPU:
   width fills;
 * a buffer of ``--evict-mb`` is written where the model runs, so the hook meets the requests out of cache;
 * the cells are the H200-like table of ``bench overhead`` (``--cells h200``) or flat ones on which every
-  width costs what K = 0 does (``--cells flat``: the rule keeps drafting at K = 7).
+  width costs what K = 0 does (``--cells flat``: the rule drafts);
+* every ``--reprice-every`` steps a new policy version arrives whose cells moved and whose rules did not, as
+  the controller's learning sends them (on the H200 at 256 requests one reached the engine every 8.5 steps).
 
 Each section is timed around the hook's own methods with ``perf_counter_ns``; the counting calls inside
 vLLM's loop are timed one by one. Per run: the median over steps of each section and of their total.
@@ -54,9 +56,21 @@ PROMPT_TOKENS = 64
 WARMUP_STEPS = 60
 
 
-def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: int = 0) -> dict[str, Any]:
+def repriced(policy: Any, version: int) -> Any:
+    """``policy`` under a new version whose cells moved by a few tenths of a percent and whose rules did not:
+    what the controller sends as its learning moves the cells (on the H200 at 256 requests a new version
+    reached the engine on 12 % of the steps, session 17)."""
+    cells = policy.step_cells
+    scale = 1.0 + 1e-3 * (version % 5)
+    moved = cells.model_copy(update={"step_s": [[x * scale for x in row] for row in cells.step_s]})
+    return policy.model_copy(update={"version": version, "step_cells": moved})
+
+
+def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: int = 0,
+            reprice_every: int = 0) -> dict[str, Any]:
     """One run in this process: the medians over ``steps`` steps of each section's µs, after a warm-up that
-    lets the budget meter see its full steps."""
+    lets the budget meter see its full steps. ``reprice_every``: a new policy version with moved cells every
+    that many steps (0: one policy throughout)."""
     import numpy as np
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
@@ -71,7 +85,8 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     k_max = max(GRAPH_ENGINE_WIDTHS)
     engine = EngineSpec(method="eagle3", k_max=k_max, full_cuda_graphs=True, graph_widths=GRAPH_ENGINE_WIDTHS)
     holder = PolicyHolder(engine)
-    holder.install(graph_policy(flat_cells=cells == "flat"), time.monotonic())
+    policy = graph_policy(flat_cells=cells == "flat")
+    holder.install(policy, time.monotonic())
     queue = StepQueue(4096)
     hook = SpecHook(engine, holder, queue, overhead_budget=0.0, perf_ns=time.perf_counter_ns, async_mode=True,
                     token_budget=n * (1 + k_max))
@@ -135,6 +150,8 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     widths: list[int] = []
     prompt_steps = 0
     for i in range(WARMUP_STEPS + steps):
+        if reprice_every and i and i % reprice_every == 0:
+            holder.install(repriced(policy, policy.version + i // reprice_every), time.monotonic())
         spent.clear()
         sim.step()
         for rid in [rid for rid, r in sim.requests.items() if r.is_finished()]:
@@ -149,21 +166,27 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
             per_step[section].append(spent.get(section, 0) / 1e3)
         per_step["total"].append(sum(spent.get(s, 0) for s in SUMMED) / 1e3)
     budget = hook.widths.budget
+    graph_steps, passes = hook.stats.batch_passes_large  # counted where the batch holds 128 requests or more
     return {
         "requests": n,
         "steps": steps,
         "cells": cells,
+        "reprice_every": reprice_every,
         "median_us": {s: statistics.median(v) for s, v in per_step.items()},
         "mean_us": {s: statistics.fmean(v) for s, v in per_step.items()},
         "mean_width": statistics.fmean(widths),
         "prompt_step_share": prompt_steps / steps,
         "budget_full_steps": budget.full_step[1] if budget is not None else None,
         "counting_call_ns": hook.spec_call_ns,
+        # steps whose before-section passed over the batch's requests (the rest reuse the last pass's counts),
+        # from the hook's own counter, which covers batches of 128 requests or more (warm-up included)
+        "batch_pass_share": passes / graph_steps if graph_steps else None,
     }
 
 
 def _worker(args: argparse.Namespace) -> int:
-    rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb, seed=args.seed) for n in args.sizes]
+    rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb, seed=args.seed,
+                    reprice_every=args.reprice_every) for n in args.sizes]
     import specctl_vllm
 
     code = str(Path(specctl_vllm.__file__).resolve().parents[1])
@@ -182,7 +205,7 @@ def _run_side(checkout: Path, args: argparse.Namespace, seed: int, scratch: Path
     env = {**os.environ, "PYTHONPATH": f"{scratch}{os.pathsep}{ROOT}", "SPECCTL_CONTROLLER_URL": "off"}
     command = [sys.executable, "-m", "bench.hook_sections", "--worker", "--sizes", ",".join(map(str, args.sizes)),
                "--steps", str(args.steps), "--length", str(args.length), "--cells", args.cells,
-               "--evict-mb", str(args.evict_mb), "--seed", str(seed)]
+               "--evict-mb", str(args.evict_mb), "--seed", str(seed), "--reprice-every", str(args.reprice_every)]
     done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"run from {checkout} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -209,13 +232,24 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     for i, n in enumerate(args.sizes):
         this = [run[i] for run in runs["this"]]
         base = [run[i] for run in runs["baseline"]]
+        # the per-step median says what a typical step costs; the mean is what the engine's overhead share
+        # adds up (a batch pass on one step in eight moves the mean, not the median)
         ratios = sorted(a["median_us"]["total"] / b["median_us"]["total"] for a, b in zip(this, base))
+        mean_ratios = sorted(a["mean_us"]["total"] / b["mean_us"]["total"] for a, b in zip(this, base))
         table[str(n)] = {
             "this_total_us": statistics.median(r["median_us"]["total"] for r in this),
             "baseline_total_us": statistics.median(r["median_us"]["total"] for r in base),
             "ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "this_mean_total_us": statistics.median(r["mean_us"]["total"] for r in this),
+            "baseline_mean_total_us": statistics.median(r["mean_us"]["total"] for r in base),
+            "mean_ratio_median": statistics.median(mean_ratios), "mean_ratio_min": mean_ratios[0],
+            "mean_ratio_max": mean_ratios[-1],
             "this_sections_us": {s: statistics.median(r["median_us"][s] for r in this) for s in SECTIONS},
             "baseline_sections_us": {s: statistics.median(r["median_us"][s] for r in base) for s in SECTIONS},
+            "this_sections_mean_us": {s: statistics.median(r["mean_us"][s] for r in this) for s in SECTIONS},
+            "baseline_sections_mean_us": {s: statistics.median(r["mean_us"][s] for r in base) for s in SECTIONS},
+            "this_batch_pass_share": statistics.median(r["batch_pass_share"] or 0.0 for r in this),
+            "baseline_batch_pass_share": statistics.median(r["batch_pass_share"] or 0.0 for r in base),
             "this_mean_width": statistics.median(r["mean_width"] for r in this),
             "baseline_mean_width": statistics.median(r["mean_width"] for r in base),
             "this_runs": this, "baseline_runs": base,
@@ -232,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", choices=("h200", "flat"), default="flat",
                         help="the cell table: H200-like, or flat (every width costs K = 0's: the rule drafts)")
     parser.add_argument("--evict-mb", type=float, default=16.0, help="MB written where the model runs, per step")
+    parser.add_argument("--reprice-every", type=int, default=8,
+                        help="steps between two policy versions that move only the cells (0: none; the H200 at 256 "
+                             "requests saw one every 8.5 steps)")
     parser.add_argument("--rounds", type=int, default=5, help="--baseline: pairs of runs")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout of the project to compare")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -241,24 +278,28 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = request_sizes(parser, args.sizes)
     if args.length < 4:
         parser.error("--length must be at least 4 tokens")
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    if args.steps < 1 or args.rounds < 1 or args.reprice_every < 0:
+        parser.error("--steps and --rounds must be at least 1, --reprice-every at least 0")
     if args.worker:
         return _worker(args)
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
             "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
             "steps": args.steps, "length": args.length, "cells": args.cells, "evict_mb": args.evict_mb,
+            "reprice_every": args.reprice_every,
             "timer": "perf_counter_ns around the hook's methods and each counting call; medians over steps"}
     if args.baseline is not None:
         if not (args.baseline / "specctl_vllm").is_dir():
             parser.error(f"--baseline {args.baseline} is not a checkout of the project (no specctl_vllm/)")
         result = {**meta, "rounds": args.rounds, "baseline": str(args.baseline), "sizes": compare(args)}
         for n, row in result["sizes"].items():
-            print(f"N={n:>4}: this {row['this_total_us']:.0f} us/step, baseline {row['baseline_total_us']:.0f} us/step, "
-                  f"ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}, "
-                  f"{args.rounds} pairs)")
+            print(f"N={n:>4}: per-step median: this {row['this_total_us']:.0f} us, baseline "
+                  f"{row['baseline_total_us']:.0f} us, ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-"
+                  f"{row['ratio_max']:.3f}); per-step mean: this {row['this_mean_total_us']:.0f} us, baseline "
+                  f"{row['baseline_mean_total_us']:.0f} us, ratio {row['mean_ratio_median']:.3f} "
+                  f"({row['mean_ratio_min']:.3f}-{row['mean_ratio_max']:.3f}); {args.rounds} pairs")
     else:
-        rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb) for n in args.sizes]
+        rows = [measure(n, args.steps, args.length, args.cells, args.evict_mb, reprice_every=args.reprice_every)
+                for n in args.sizes]
         result = {**meta, "runs": rows}
         for row in rows:
             print(f"N={row['requests']:>4} width {row['mean_width']:.1f}: " + ", ".join(

@@ -316,7 +316,7 @@ class SpecHook:
         self._key_list: list[tuple[str, str]] = []  # bounded: categories (max_categories) x drafters
         self._last_end: float | None = None
         self._last_log = clock()
-        #: graph-shaped: the last batch pass's requests per category, the table generation and batch size it
+        #: graph-shaped: the last batch pass's requests per category, the rules generation and batch size it
         #: saw, and how many more steps may reuse it (BATCH_PASS_EVERY)
         self._pass_mix: dict[str, int] = {}
         #: request id -> category of the requests the last pass counted, and of those admitted since: the
@@ -342,12 +342,12 @@ class SpecHook:
             category = self._admit_category(category_from_sampling_params(request.sampling_params))
             state = RequestState(category)
             setattr(request, STATE_ATTR, state)
-        if state.gen != table.generation:
+        if state.gen != table.rules_generation:
             self._resolve(state, request, table)
         return state
 
     def _resolve(self, state: RequestState, request: Any, table: PolicyTable) -> None:
-        state.gen = table.generation
+        state.gen = table.rules_generation
         cat_rule = table.rule_for(state.category)
         if cat_rule is state.cat_rule:
             return  # the category's rule did not change: keep the request's adaptation state
@@ -385,7 +385,7 @@ class SpecHook:
         can_replace = not self.async_mode
         for request in running:
             state = getattr(request, STATE_ATTR, None)
-            if state is None or state.gen != table.generation:
+            if state is None or state.gen != table.rules_generation:
                 state = self.state_of(request, table)
             if static:
                 continue  # the static config caps nothing: every request runs the engine's own k
@@ -419,7 +419,7 @@ class SpecHook:
         or when the last pass had drafts to cut or pad."""
         width = self.widths.width
         step.width = width
-        generation = table.generation
+        generation = table.rules_generation
         batch = len(running)
         if (self._pass_reuses_left > 0 and self._pass_generation == generation
                 and 8 * abs(batch - self._pass_batch) <= self._pass_batch):

@@ -89,8 +89,22 @@ def test_build_table_reuses_unchanged_rules_and_generation() -> None:
     assert same.generation == first.generation and same.expires_at == pytest.approx(12.1)
     changed = build_table(policy(2, json=cp(k=2)), NGRAM, received_at=11.0, previous=same)
     assert changed.generation != same.generation
+    assert changed.rules_generation != same.rules_generation
     assert changed.rule_for("json").k == 2
     assert changed.default is first.default  # the default did not change: same object
+
+
+def test_a_new_version_with_the_same_rules_keeps_the_rules_generation_only() -> None:
+    """The controller's learning moves the curves or cells under a new version: the width rule must see a new
+    table (generation), the requests' resolved rules stay valid (rules generation)."""
+    first = build_table(policy(1, json=cp(k=1)), NGRAM, received_at=10.0)
+    repriced = build_table(policy(2, json=cp(k=1)), NGRAM, received_at=10.1, previous=first)
+    assert repriced.rule_for("json") is first.rule_for("json")
+    assert repriced.rules_generation == first.rules_generation
+    assert repriced.generation != first.generation
+    joined = build_table(policy(3, json=cp(k=1), code=cp(k=1)), NGRAM, received_at=10.2, previous=repriced)
+    assert joined.rules_generation != repriced.rules_generation  # a category more is a rule more
+    assert static_table(NGRAM).rules_generation not in (first.rules_generation, joined.rules_generation)
 
 
 def test_holder_expiry_falls_back_and_reattaches() -> None:

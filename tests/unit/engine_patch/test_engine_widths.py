@@ -1016,3 +1016,55 @@ def test_the_measured_check_is_taken_with_the_width_and_probes_keep_their_gap(mo
     assert first not in rule  # the probe began on a step that reused the width
     assert verdicts == [s for s in rule if s < first or s >= first + chooser.probe_run]
     assert 0 < len(rule) <= -(-(80 - chooser.probe_run) // widths_module.RULE_REUSE_STEPS) + 1
+
+
+def test_a_repriced_policy_keeps_the_batch_pass_and_the_requests_rules_a_new_rule_does_not(monkeypatch) -> None:
+    """The controller's learning bumps the policy version when only the cells or the curves move (a few
+    times a second at 256 requests on the H200): the width rule computes again on the next step, but the
+    requests keep their resolved rules and the next step reuses the last batch pass. A new rule resolves
+    every request again and passes over the batch."""
+    from specctl_vllm.engine_patch import widths as chooser_module
+    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY, STATE_ATTR
+
+    computed: list[int] = []
+    real_rule = chooser_module.choose_width
+
+    def counted_rule(*args, **kwargs):
+        computed.append(rig.sim.last_output is not None)
+        return real_rule(*args, **kwargs)
+
+    monkeypatch.setattr(chooser_module, "choose_width", counted_rule)
+    rig = Rig(GRAPH, async_mode=True, correct={"json": 7})
+    hook = rig.hook
+
+    def policy(version: int, k: int, step_ms: list[float]) -> protocol.Policy:
+        return protocol.Policy(version=version, issued_at=0.0, ttl_s=60.0, default=CP(k=4),
+                               categories={"json": CP(k=k, expected=HIGH)}, step_cells=cells(step_ms))
+
+    rig.holder.install(policy(1, 4, [5.0, 5.6, 6.2, 7.2, 9.5]), rig.clock())
+    for i in range(8):
+        rig.add(f"r{i}", "json", max_tokens=400)
+    widths_seen(rig, 4)  # prompts done, drafts at the width
+    for _ in range(40):  # until a pass has just been made: the next steps reuse it
+        rig.sim.step()
+        if hook._pass_reuses_left == BATCH_PASS_EVERY - 1:
+            break
+    assert hook._pass_reuses_left == BATCH_PASS_EVERY - 1
+    states = [getattr(r, STATE_ATTR) for r in rig.sim.running]
+    resolved_under = {s.gen for s in states}
+    passed_under = hook._pass_generation
+
+    rig.holder.install(policy(2, 4, [5.0, 5.7, 6.3, 7.4, 9.9]), rig.clock())  # repriced: same rules
+    computed.clear()
+    rig.sim.step()
+    assert computed  # the width rule saw the new cells at once
+    assert hook._pass_reuses_left == BATCH_PASS_EVERY - 2  # the step reused the pass
+    assert hook._pass_generation == passed_under
+    assert {s.gen for s in states} == resolved_under
+
+    rig.holder.install(policy(3, 2, [5.0, 5.7, 6.3, 7.4, 9.9]), rig.clock())  # json's rule changed
+    rig.sim.step()
+    table = rig.holder.current(rig.clock())
+    assert hook._pass_generation == table.rules_generation != passed_under
+    assert {s.gen for s in states} == {table.rules_generation}
+    assert {s.rule.k for s in states} == {2}
