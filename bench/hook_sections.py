@@ -13,7 +13,11 @@ rule) / observe / finish. This benchmark rebuilds that regime without a GPU:
   H200 benchmark's ``spread`` workload, 32-224) and is replaced by a new one (a 64-token prompt), so steps
   carry prompts; the token budget is ``requests x (1 + k_max)``, which the widest
   width fills;
-* a buffer of ``--evict-mb`` is written where the model runs, so the hook meets the requests out of cache;
+* a buffer of ``--evict-mb`` is written where the model runs, so the hook meets the requests out of cache,
+  and the engine's clock (which the hook's meters read) advances by a modelled H200-like step time, so the
+  widths the rule runs do not depend on this host's speed;
+* after the warm-up the heap is collected and frozen, as vLLM's engine core does once it is up: collections
+  while measuring scan only what was allocated since (their pauses are reported per step);
 * the cells are the H200-like table of ``bench overhead`` (``--cells h200``) or flat ones on which every
   width costs what K = 0 does (``--cells flat``: the rule drafts);
 * every ``--reprice-every`` steps a new policy version arrives whose cells moved and whose rules did not, as
@@ -23,16 +27,17 @@ Each section is timed around the hook's own methods with ``perf_counter_ns``; th
 vLLM's loop are timed one by one. Per run: the median over steps of each section and of their total.
 
 ``--baseline PATH`` runs the same measurement from another checkout of the project (its ``specctl_vllm``
-first on ``sys.path``) and this one in turns, ``--rounds`` pairs (A B, B A, ...), each run in a fresh process:
+first on ``sys.path``) and this one (or ``--this PATH``) in turns, ``--rounds`` pairs (A B, B A, ...), each run in a fresh process:
 per size, both sides' medians over rounds, and the median (min-max) of the per-pair ratios this / baseline.
 
-Usage: ``python -m bench hook_sections [--sizes 64,256] [--steps 400] [--rounds 5] [--baseline PATH]
-[--out FILE]``; results JSON (default ``bench/results/hook_sections.json``).
+Usage: ``python -m bench hook_sections [--sizes 64,256] [--steps 400] [--cells flat|h200] [--reprice-every 8]
+[--baseline PATH [--this PATH] [--rounds 5]] [--out FILE]``; results JSON (default ``bench/results/hook_sections.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -54,6 +59,28 @@ SECTIONS = ("before", "after", "rule", "observe", "counting", "finish")
 SUMMED = ("before", "after", "observe", "counting", "finish")
 PROMPT_TOKENS = 64
 WARMUP_STEPS = 60
+
+
+class ModelClock:
+    """The engine's clock as the hook reads it (its meters time steps with it): advanced by the modelled
+    device time of each step, so the widths the rule runs follow an H200-like step cost and not the speed of
+    the host running the benchmark (both sides of a comparison see the same device)."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def modelled_step_s(output: Any) -> float:
+    """An H200-like step of an 8B model: (6 ms + 65 µs a request) x (1 + 0.12 K), plus 2 µs a prompt token
+    (23 ms at 256 requests and K = 0, 34 ms at K = 4: the shape of ``bench overhead``'s H200-like cells)."""
+    batch = len(output.num_scheduled_tokens)
+    drafts = output.scheduled_spec_decode_tokens
+    width = max(map(len, drafts.values()), default=0)
+    prompt = max(output.total_num_scheduled_tokens - batch * (1 + width), 0)
+    return (6e-3 + 6.5e-5 * batch) * (1.0 + 0.12 * width) + 2e-6 * prompt
 
 
 def repriced(policy: Any, version: int) -> Any:
@@ -86,9 +113,11 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     engine = EngineSpec(method="eagle3", k_max=k_max, full_cuda_graphs=True, graph_widths=GRAPH_ENGINE_WIDTHS)
     holder = PolicyHolder(engine)
     policy = graph_policy(flat_cells=cells == "flat")
-    holder.install(policy, time.monotonic())
+    clock = ModelClock(time.monotonic())
+    holder.install(policy, clock())
     queue = StepQueue(4096)
     hook = SpecHook(engine, holder, queue, overhead_budget=0.0, perf_ns=time.perf_counter_ns, async_mode=True,
+                    clock=clock,
                     token_budget=n * (1 + k_max))
     hook.drafts_from_engine_loop = True
     hook.spec_call_ns = counting_call_ns()
@@ -126,6 +155,7 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
 
     def execute(output: Any) -> None:
         buffer.__iadd__(1.0)  # the model's place: the requests leave the cache
+        clock.t += modelled_step_s(output)
         for rid in output.num_scheduled_tokens:
             request = sim.requests[rid]
             if request.num_output_tokens >= lengths[rid]:
@@ -149,9 +179,12 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     per_step: dict[str, list[float]] = {s: [] for s in (*SECTIONS, "total")}
     widths: list[int] = []
     prompt_steps = 0
+    collections = GcTally()
     for i in range(WARMUP_STEPS + steps):
+        if i == WARMUP_STEPS:
+            collections.start()
         if reprice_every and i and i % reprice_every == 0:
-            holder.install(repriced(policy, policy.version + i // reprice_every), time.monotonic())
+            holder.install(repriced(policy, policy.version + i // reprice_every), clock())
         spent.clear()
         sim.step()
         for rid in [rid for rid, r in sim.requests.items() if r.is_finished()]:
@@ -165,6 +198,7 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
         for section in SECTIONS:
             per_step[section].append(spent.get(section, 0) / 1e3)
         per_step["total"].append(sum(spent.get(s, 0) for s in SUMMED) / 1e3)
+    collections.stop()
     budget = hook.widths.budget
     graph_steps, passes = hook.stats.batch_passes_large  # counted where the batch holds 128 requests or more
     return {
@@ -181,7 +215,42 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
         # steps whose before-section passed over the batch's requests (the rest reuse the last pass's counts),
         # from the hook's own counter, which covers batches of 128 requests or more (warm-up included)
         "batch_pass_share": passes / graph_steps if graph_steps else None,
+        # the collector's pauses over the measured steps (inside whichever section allocated when one fell due)
+        "gc_ms_per_step": collections.ms / steps,
+        "gc_collections": collections.by_generation,
     }
+
+
+class GcTally:
+    """The garbage collector as a vLLM engine runs it: after warm-up the heap is collected and frozen
+    (``vllm.utils.gc_utils.freeze_gc_heap``, called once the engine core is up), so a collection scans only what
+    was allocated since; while started, each collection's pause is counted by generation. ``stop`` unfreezes."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self.by_generation: dict[str, list[float]] = {}  # generation -> [collections, ms]
+        self._began = 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter_ns()
+            return
+        ms = (time.perf_counter_ns() - self._began) / 1e6
+        tally = self.by_generation.setdefault(str(info["generation"]), [0, 0.0])
+        tally[0] += 1
+        tally[1] += ms
+        self.ms += ms
+
+    def start(self) -> None:
+        for generation in (0, 1, 2):
+            gc.collect(generation)
+        gc.freeze()
+        gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+        gc.unfreeze()
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -217,7 +286,7 @@ def _run_side(checkout: Path, args: argparse.Namespace, seed: int, scratch: Path
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Rounds of (baseline, this) or (this, baseline), alternating; per size the medians and paired ratios."""
-    sides = {"this": ROOT, "baseline": args.baseline.resolve()}
+    sides = {"this": (args.this or ROOT).resolve(), "baseline": args.baseline.resolve()}
     runs: dict[str, list[list[dict[str, Any]]]] = {"this": [], "baseline": []}
     with tempfile.TemporaryDirectory(prefix="hook-sections-") as scratch:
         for r in range(args.rounds):
@@ -271,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                              "requests saw one every 8.5 steps)")
     parser.add_argument("--rounds", type=int, default=5, help="--baseline: pairs of runs")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout of the project to compare")
+    parser.add_argument("--this", type=Path, default=None,
+                        help="--baseline: the checkout compared with it (default: this one)")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -288,9 +359,11 @@ def main(argv: list[str] | None = None) -> int:
             "reprice_every": args.reprice_every,
             "timer": "perf_counter_ns around the hook's methods and each counting call; medians over steps"}
     if args.baseline is not None:
-        if not (args.baseline / "specctl_vllm").is_dir():
-            parser.error(f"--baseline {args.baseline} is not a checkout of the project (no specctl_vllm/)")
-        result = {**meta, "rounds": args.rounds, "baseline": str(args.baseline), "sizes": compare(args)}
+        for flag, path in (("--baseline", args.baseline), ("--this", args.this or ROOT)):
+            if not (path / "specctl_vllm").is_dir():
+                parser.error(f"{flag} {path} is not a checkout of the project (no specctl_vllm/)")
+        result = {**meta, "rounds": args.rounds, "baseline": str(args.baseline), "this": str(args.this or ROOT),
+                  "sizes": compare(args)}
         for n, row in result["sizes"].items():
             print(f"N={n:>4}: per-step median: this {row['this_total_us']:.0f} us, baseline "
                   f"{row['baseline_total_us']:.0f} us, ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 from pathlib import Path
@@ -26,13 +27,29 @@ def test_a_run_times_every_section_under_churn() -> None:
     assert row["prompt_step_share"] > 0  # finished requests were replaced
     assert 0 <= row["mean_width"] <= 7
     assert row["budget_full_steps"] > 0  # the widest width filled the token budget
+    assert row["gc_ms_per_step"] >= 0
+    assert gc.get_freeze_count() == 0  # the heap frozen for the measurement is let go after it
+
+
+def test_the_engine_clock_advances_by_the_modelled_device_time() -> None:
+    """Wider steps and prompt tokens cost modelled time; the host's own speed does not enter it."""
+    from tests.support.engine_sim import SimOutput
+
+    def output(batch: int, width: int, prompt: int = 0) -> SimOutput:
+        spec = {f"r{i}": [0] * width for i in range(batch)} if width else {}
+        return SimOutput({f"r{i}": 1 + width for i in range(batch)}, spec, batch * (1 + width) + prompt, [], width)
+
+    plain, k4 = hs.modelled_step_s(output(256, 0)), hs.modelled_step_s(output(256, 4))
+    assert plain == pytest.approx(0.02264)
+    assert k4 == pytest.approx(plain * 1.48)
+    assert hs.modelled_step_s(output(256, 0, prompt=1000)) == pytest.approx(plain + 0.002)
 
 
 def test_the_comparison_runs_each_side_from_its_own_checkout(tmp_path) -> None:
     """This checkout as its own baseline, one round: both sides ran in their own process, each reporting the
     package it imported."""
     args = argparse.Namespace(sizes=[4], steps=10, length=16, cells="flat", evict_mb=0.5, rounds=1, baseline=REPO,
-                              reprice_every=4)
+                              reprice_every=4, this=None)
     table = hs.compare(args)
     row = table["4"]
     assert {r["code"] for r in row["this_runs"] + row["baseline_runs"]} == {str(REPO)}
@@ -56,7 +73,7 @@ def test_a_repriced_policy_moves_the_cells_and_keeps_the_rules() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "x"], ["--sizes", "0"], ["--steps", "0"], ["--length", "2"],
-                                  ["--reprice-every", "-1"],
+                                  ["--reprice-every", "-1"], ["--baseline", ".", "--this", "/"],
                                   ["--cells", "round"], ["--baseline", "/"]])
 def test_bad_arguments_exit_2_with_a_reason(argv, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
