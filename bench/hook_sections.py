@@ -317,13 +317,19 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             "baseline_sections_us": {s: statistics.median(r["median_us"][s] for r in base) for s in SECTIONS},
             "this_sections_mean_us": {s: statistics.median(r["mean_us"][s] for r in this) for s in SECTIONS},
             "baseline_sections_mean_us": {s: statistics.median(r["mean_us"][s] for r in base) for s in SECTIONS},
-            "this_batch_pass_share": statistics.median(r["batch_pass_share"] or 0.0 for r in this),
-            "baseline_batch_pass_share": statistics.median(r["batch_pass_share"] or 0.0 for r in base),
+            "this_batch_pass_share": _median_or_none(r["batch_pass_share"] for r in this),
+            "baseline_batch_pass_share": _median_or_none(r["batch_pass_share"] for r in base),
             "this_mean_width": statistics.median(r["mean_width"] for r in this),
             "baseline_mean_width": statistics.median(r["mean_width"] for r in base),
             "this_runs": this, "baseline_runs": base,
         }
     return table
+
+
+def _median_or_none(values: Any) -> float | None:
+    """The median of the figures a run has (the hook counts batch passes only at 128 requests or more)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def main(argv: list[str] | None = None) -> int:
