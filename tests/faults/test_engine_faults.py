@@ -285,13 +285,20 @@ def _held_to_fresh_policy(suite: FaultSuite, report: PhaseReport, steps: list[En
     which is the fallback the suite checks elsewhere, not a failure to follow. How long that happened after
     re-attaching is recorded in the report.
     """
-    sure = sorted(done for got, done, status, fault in list(suite.proxy.answers)
-                  if t0 - POLICY_TTL_S <= done <= t1 and fault is Fault.PASS and status == 200
-                  and done - got < REQUEST_TIMEOUT_S - AMBIGUOUS_S)
-    spans = [(done + RECEIPT_SLACK_S, done + POLICY_TTL_S) for done in sure]
+    spans = _fresh_spans(suite, t0, t1, Fault.PASS)
     fresh = [s for s in steps if t0 <= s.start <= t1 and any(a <= s.start < b for a, b in spans)]
     report.notes["stale_after_reattach_s"] = round(uncovered(spans, t0, t1), 3)
     return fresh, [s for s in fresh if s.depth != PINNED_K]
+
+
+def _fresh_spans(suite: FaultSuite, t0: float, t1: float, fault: Fault) -> list[tuple[float, float]]:
+    """Where the engine surely holds a policy the proxy answered under ``fault`` between ``t0`` and ``t1``: from
+    :data:`RECEIPT_SLACK_S` after each answer it surely used (see :func:`_outage`) to :data:`POLICY_TTL_S`
+    after it."""
+    sure = sorted(done for got, done, status, answered in list(suite.proxy.answers)
+                  if t0 - POLICY_TTL_S <= done <= t1 and answered is fault and status == 200
+                  and done - got < REQUEST_TIMEOUT_S - AMBIGUOUS_S)
+    return [(done + RECEIPT_SLACK_S, done + POLICY_TTL_S) for done in sure]
 
 
 
@@ -315,14 +322,21 @@ def _check_hold_then_static(report: PhaseReport, steps: list[EngineStep], t_faul
 
 def _check_clamped(suite: FaultSuite, report: PhaseReport, steps: list[EngineStep], t_fault: float,
                    healed: float, k: int) -> None:
+    """Steps while the hostile policy is surely fresh run it, clamped to ``k``; vLLM's counters agree over the
+    windows that lie wholly inside those spans (a controller starved past the TTL lets the engine fall back
+    to its static config, as designed: see :func:`_held_to_fresh_policy`)."""
     hostile = [s.at for s in suite.proxy.seen_since(t_fault) if s.fault is Fault.HOSTILE]
     assert hostile, "the engine posted nothing while the hostile policy was served"
-    applied = [s for s in steps if hostile[0] + RECEIPT_SLACK_S <= s.start < healed]
+    start = hostile[0] + RECEIPT_SLACK_S
+    spans = _fresh_spans(suite, start, healed, Fault.HOSTILE)
+    report.notes["stale_under_hostile_s"] = round(uncovered(spans, start, healed), 3)
+    applied = [s for s in steps if start <= s.start < healed and any(a <= s.start < b for a, b in spans)]
     report.fallback_s = next((s.start - t_fault for s in steps if s.start >= t_fault and s.depth == k), None)
     assert applied, f"no engine step recorded under the hostile policy: {report}"
     wrong = [s for s in applied if s.depth != k]
     assert not wrong, f"steps not at the clamped k={k}: {wrong[:3]}"
-    deeper = [w for w in suite.sampler.windows(hostile[0] + RECEIPT_SLACK_S + 1.0) if w.t1 <= healed and beyond(w, k)]
+    deeper = [w for w in suite.sampler.windows(start + 1.0)
+              if w.t1 <= healed and beyond(w, k) and uncovered(spans, w.t0, w.t1) < 1e-6]
     assert not deeper, f"vLLM verified drafts deeper than k={k}: {deeper[:3]}"
 
 
