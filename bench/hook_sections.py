@@ -59,6 +59,11 @@ SECTIONS = ("before", "after", "rule", "observe", "counting", "finish")
 SUMMED = ("before", "after", "observe", "counting", "finish")
 PROMPT_TOKENS = 64
 WARMUP_STEPS = 60
+#: Bounds on the arguments: every run holds each request's script in memory and times every step.
+MAX_REQUESTS = 4096
+MAX_STEPS = 20_000
+MAX_LENGTH = 65_536
+MAX_ROUNDS = 100
 
 
 class ModelClock:
@@ -164,16 +169,8 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
 
     sim = SimEngine(hook, k_max, None, scripts, execute=execute)
     sim.drafter = script_drafter(sim, lambda r: rng.randrange(0, 5))
-    counting = sim._counting_call()
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter_ns()
-        try:
-            return counting(*args, **kwargs)
-        finally:
-            spent["counting"] = spent.get("counting", 0) + time.perf_counter_ns() - t
-
-    sim._count = counted
+    sim._counting_call()  # the patch's counting call, which the simulated update loop calls per drafted request
+    timed(sim, "_count", "counting")
     for _ in range(n):
         admit()
     per_step: dict[str, list[float]] = {s: [] for s in (*SECTIONS, "total")}
@@ -353,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.sizes = request_sizes(parser, args.sizes)
-    if args.length < 4:
-        parser.error("--length must be at least 4 tokens")
-    if args.steps < 1 or args.rounds < 1 or args.reprice_every < 0:
-        parser.error("--steps and --rounds must be at least 1, --reprice-every at least 0")
+    if not 4 <= args.length <= MAX_LENGTH:
+        parser.error(f"--length must be 4 to {MAX_LENGTH} tokens")
+    if not (1 <= args.steps <= MAX_STEPS and 1 <= args.rounds <= MAX_ROUNDS and args.reprice_every >= 0):
+        parser.error(f"--steps must be 1 to {MAX_STEPS}, --rounds 1 to {MAX_ROUNDS}, --reprice-every at least 0")
+    if args.sizes[-1] > MAX_REQUESTS:
+        parser.error(f"--sizes: at most {MAX_REQUESTS} requests")
     if args.worker:
         return _worker(args)
     meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),

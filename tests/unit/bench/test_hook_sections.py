@@ -74,6 +74,8 @@ def test_a_repriced_policy_moves_the_cells_and_keeps_the_rules() -> None:
 
 @pytest.mark.parametrize("argv", [["--sizes", "x"], ["--sizes", "0"], ["--steps", "0"], ["--length", "2"],
                                   ["--reprice-every", "-1"], ["--baseline", ".", "--this", "/"],
+                                  ["--sizes", str(hs.MAX_REQUESTS + 1)], ["--steps", str(hs.MAX_STEPS + 1)],
+                                  ["--length", str(hs.MAX_LENGTH + 1)], ["--rounds", str(hs.MAX_ROUNDS + 1)],
                                   ["--cells", "round"], ["--baseline", "/"]])
 def test_bad_arguments_exit_2_with_a_reason(argv, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
