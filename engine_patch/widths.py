@@ -16,8 +16,8 @@ project) on:
   steady-step model, :func:`specctl_vllm.controller.core.model.widths.steady_goodput`).
 
 The rule is computed at least every ``RULE_REUSE_STEPS`` steps and at once when its inputs move (table, batch
-bucket, pricing, a category's share of the batch by ``RULE_REUSE_SHARE``, a due re-blend of the fast curves);
-between two computations a step keeps the last width.
+bucket, pricing, a category's share of the batch by ``RULE_REUSE_SHARE``); between two computations a step keeps
+the last width. A computation re-blends the fast curves once they are ``CURVE_REFRESH_STEPS`` old.
 
 Operator overrides pin: when every category of the step is pinned to a fixed k by an override, the width is the
 largest of those k, rounded down to the width set. Exploration: every ``explore_every``-th step of a bucket
@@ -73,13 +73,17 @@ FAST_DECAY = 0.98
 #: than :data:`FAST_MAX_WEIGHT` (the controller's curve has minutes of evidence behind it).
 FAST_HALF_WEIGHT = 100.0
 FAST_MAX_WEIGHT = 0.5
-#: Steps between two re-blends of a category's curve (the fast sums move little in 8 steps).
+#: Steps between two re-blends of a category's curve (the fast sums move little in 8 steps); a re-blend rides
+#: on a computation of the rule, so it never adds one.
 CURVE_REFRESH_STEPS = 8
 #: The width rule is recomputed at least every this many steps, and whenever the table, the batch bucket or the
 #: pricing (cells or steady-step model) changes, or a category's share of the batch moves by RULE_REUSE_SHARE:
 #: between two computations the step keeps the last width (on the H200 host the rule cost 0.1 ms a step at 256
-#: requests, and the mix of a full batch moves by a request or two per step).
-RULE_REUSE_STEPS = 4
+#: requests, and the mix of a full batch moves by a request or two per step). 8 steps, as the curves' re-blend
+#: and the budget meter's reading: a computation refreshes all three at once (every 4 steps, with the re-blend
+#: due on its own, was 30 % of the steps at one request, at 0.05-0.17 ms each on this project's CPU; 8 steps
+#: are 0.07-0.2 s of a GPU's engine, well inside the controller's own cadence).
+RULE_REUSE_STEPS = 8
 RULE_REUSE_SHARE = 0.05
 #: Steps an exploration of the steady regime runs at the width it explores: the first is the switch (its time
 #: holds the previous width's tail and the meter skips it), the second is timed.
@@ -117,7 +121,8 @@ class WidthChooser:
         self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
         self._bucket_steps: dict[int, int] = {}
         self.explored = 0
-        # curves are re-blended every CURVE_REFRESH_STEPS steps or when the table changes, not every step
+        # curves are re-blended on a computation CURVE_REFRESH_STEPS or more steps after the last re-blend, or
+        # when the table changes, not every step
         self._curves: dict[str, tuple[float, ...]] = {}
         self._curves_gen = -1
         self._curves_age = 0
@@ -138,12 +143,10 @@ class WidthChooser:
         # buckets where the check holds the model's drafting width off: the model's own exploration pauses there
         self._held_off: set[int] = set()
         self._model_gain = 0.0  # value(K*) / value(0) - 1 of the model's last computed width
-        # of the last computed width's mix: E(K) per request by width (filled on demand), the share of its
-        # requests of categories this engine has not seen draft (the measured check's ``unseen``), and the
-        # curves of categories a measured cell's mix holds that this mix does not
+        # of the last computed width's mix: E(K) per request by width (filled on demand), and the share of its
+        # requests of categories this engine has not seen draft (the measured check's ``unseen``)
         self._expected: dict[int, float] = {}
         self._unseen = 0.0
-        self._other_curves: dict[str, tuple[float, ...]] = {}
         # the measured check of the last computed width: ((meter bucket, width), verdict, probe due), kept while
         # that width is reused (see _checked)
         self._check: tuple[tuple[int, int], Verdict, int | None] | None = None
@@ -217,7 +220,6 @@ class WidthChooser:
             self._decided_age = 0
             self._model_gain = choice.value / choice.plain_value - 1.0 if choice.plain_value > 0 else 0.0
             self._expected = {}
-            self._other_curves = {}
             self._unseen = sum(share for category, share in shares.items() if category not in self._fast)
             self._check = None
         self.width = self._checked(self._decided[2], batch, bucket, table)
@@ -242,8 +244,9 @@ class WidthChooser:
 
     def _transfer(self, width: int, table: PolicyTable):
         """``e(width, mix now) / e(width, mix then)`` for a measured cell's category weights, both from the
-        curves of now (a cell's category that this mix lacks gets its own curve, kept until the next
-        computation)."""
+        curves of now (a cell's category that this mix lacks gets its curve in the same cache as the mix's own,
+        kept until the curves are re-blended: at one request a cell's mix holds every category of the last
+        few hundred steps, and resolving their curves at every verdict was most of the verdict's time)."""
         now = self.expected_at(width)
         if not now:
             return None
@@ -254,9 +257,9 @@ class WidthChooser:
                 return 1.0
             e = 0.0
             for category, weight in then.items():
-                curve = self._curves.get(category) or self._other_curves.get(category)
+                curve = self._curves.get(category)
                 if curve is None:
-                    curve = self._other_curves[category] = self._capped(category, table)
+                    curve = self._curves[category] = self._capped(category, table)
                 e += weight * curve[min(width, len(curve) - 1)]
             return now * total / e if e > 0 else 1.0
 
@@ -348,13 +351,11 @@ class WidthChooser:
 
     def _still_valid(self, reuse: tuple, mix: Mapping[str, int]) -> bool:
         """Whether the last computed width still stands: same table, batch bucket and pricing, computed fewer
-        than :data:`RULE_REUSE_STEPS` steps ago, the fast curves not due for a re-blend, and no category's share
-        of the batch moved by :data:`RULE_REUSE_SHARE` or more."""
+        than :data:`RULE_REUSE_STEPS` steps ago, and no category's share of the batch moved by
+        :data:`RULE_REUSE_SHARE` or more."""
         decided = self._decided
         if decided is None or decided[0] != reuse or self._decided_age + 1 >= RULE_REUSE_STEPS:
             return False
-        if self._curves_age + 1 >= CURVE_REFRESH_STEPS:
-            return False  # the fast curves are due for a re-blend: recompute with them
         shares = decided[1]
         if shares.keys() != mix.keys():
             return False

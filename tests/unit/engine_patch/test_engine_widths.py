@@ -557,8 +557,10 @@ def test_a_drafted_request_vllm_no_longer_holds_is_left_out_without_error() -> N
 @pytest.mark.parametrize(
     ("mixes", "computed"),
     [
-        # a steady mix: computed on the first step, then at least every RULE_REUSE_STEPS steps
-        ([{"json": 100, "prose": 100}] * 8, [0, 4]),
+        # a steady mix: computed on the first step, then at least every RULE_REUSE_STEPS steps (a due re-blend
+        # of the fast curves waits for that computation: it never adds one)
+        ([{"json": 100, "prose": 100}] * (2 * widths_module.RULE_REUSE_STEPS + 1),
+         [0, widths_module.RULE_REUSE_STEPS, 2 * widths_module.RULE_REUSE_STEPS]),
         # a share that moves by 5 points or more is computed again at once; smaller moves are not
         ([{"json": 100, "prose": 100}, {"json": 102, "prose": 98}, {"json": 112, "prose": 88}], [0, 2]),
         # a category that joins the batch is computed at once
@@ -583,6 +585,37 @@ def test_the_width_rule_is_reused_only_while_its_inputs_hold(monkeypatch, mixes,
     for step, mix in enumerate(mixes):
         chooser.choose(mix, table, sum(mix.values()))
     assert calls == computed
+
+
+def test_a_due_re_blend_of_the_curves_rides_on_a_computation_of_the_rule(monkeypatch) -> None:
+    """Curves due for a re-blend between two computations wait for the next one: the re-blend (a curve per
+    category) adds no computation of its own, and happens on the computation once the curves are due."""
+    from specctl_vllm.engine_patch import widths as chooser_module
+
+    computed: list[int] = []
+    blended: list[int] = []
+    real_rule, real_curve = chooser_module.choose_width, WidthChooser.curve
+
+    def rule(*args, **kwargs):
+        computed.append(step)
+        return real_rule(*args, **kwargs)
+
+    def curve(self, *args, **kwargs):
+        blended.append(step)
+        return real_curve(self, *args, **kwargs)
+
+    monkeypatch.setattr(chooser_module, "choose_width", rule)
+    monkeypatch.setattr(chooser_module, "CURVE_REFRESH_STEPS", 3)
+    monkeypatch.setattr(WidthChooser, "curve", curve)
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0)
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
+    table = rig.holder.current(rig.clock())
+    reuse = chooser_module.RULE_REUSE_STEPS
+    for step in range(2 * reuse + 1):
+        chooser.choose({"json": 100, "prose": 100}, table, 200)
+    assert computed == [0, reuse, 2 * reuse]
+    assert sorted(set(blended)) == [0, reuse, 2 * reuse] and len(blended) == 2 * 3  # two categories each time
 
 
 def test_a_new_table_recomputes_the_width_at_once() -> None:
