@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "sim.fit_presets": "bench.sim.fit_presets",
     "sim.graph": "bench.sim.graph",
     "reporter_cost": "bench.reporter_cost",
+    "reporter_gil": "bench.reporter_gil",
     # the vLLM CPU engine
     "overhead": "bench.overhead",
     "mixin_ab": "bench.mixin_ab",

@@ -24,6 +24,8 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("fuzz", [], ["--examples", "12", "--steps", "25"]),
     ("sim", [], ["--quick"]),
     ("reporter_cost", [], ["--posts", "30"]),
+    ("reporter_gil", [], ["--regimes", "7500:200", "--rounds", "1", "--round-s", "1",
+                          "--out", "bench/results/tmp/reporter_gil_quick.json"]),
     ("overhead", [], []),
     ("engine_core_ab", [], ["--sizes", "64", "--rounds", "1", "--steps", "50",
                             "--out", "bench/results/tmp/engine_core_ab_quick.json"]),

@@ -59,7 +59,8 @@ class Clock:
         return self.t
 
 
-def make(script, engine: EngineSpec = ENGINE, **settings) -> tuple[Reporter, FakeController, StepQueue, PolicyHolder,
+def make(script, engine: EngineSpec = ENGINE, pause: Callable[[float], None] = lambda s: None,
+         **settings) -> tuple[Reporter, FakeController, StepQueue, PolicyHolder,
                                                                   Clock]:
     fake = FakeController(script)
     queue = StepQueue(settings.pop("queue_steps", 100))
@@ -68,7 +69,8 @@ def make(script, engine: EngineSpec = ENGINE, **settings) -> tuple[Reporter, Fak
     cfg = EngineSettings.model_validate({"ingest_token": TOKEN, "report_interval_s": 0.1, **settings})
     identity = Identity(engine_id="host-dp0", boot_id="b00t", model_name="m", spec=engine.to_protocol())
     client = httpx.Client(transport=httpx.MockTransport(fake), headers={"authorization": f"Bearer {TOKEN}"})
-    reporter = Reporter(cfg, queue, holder, identity, client=client, clock=clock, wall_clock=lambda: 1.7e9)
+    reporter = Reporter(cfg, queue, holder, identity, client=client, clock=clock, wall_clock=lambda: 1.7e9,
+                        pause=pause)
     return reporter, fake, queue, holder, clock
 
 
@@ -80,6 +82,27 @@ def row(t: float = 1.0) -> StepRow:
     agg = {("json", "ngram"): json_tally, ("default", "off"): default_tally}
     return StepRow(t=t, wall_s=0.01, batch_size=3, scheduled_tokens=9, draft_tokens=4, prefill_tokens=2,
                    draft_depth=2, agg=agg)
+
+
+def test_a_post_gives_the_gil_up_between_its_phases_and_while_it_builds_a_large_batch(monkeypatch) -> None:
+    """The engine loop shares the GIL with the reporter: a post pauses (sleep 0) after building its batch, after
+    the answer arrives and before installing the policy, and every YIELD_EVERY_ROWS rows of a batch, so a
+    waiting engine loop never waits for a whole post."""
+    from specctl_vllm.engine_patch import reporter as reporter_module
+
+    log: list[str] = []
+    reporter, fake, queue, holder, _ = make([ok()], pause=lambda s: log.append(f"pause {s}"))
+    real_post, real_install, real_wire = reporter._client.post, holder.install, reporter_module.row_to_wire
+    monkeypatch.setattr(reporter._client, "post", lambda *a, **k: (log.append("post"), real_post(*a, **k))[1])
+    monkeypatch.setattr(holder, "install", lambda *a, **k: (log.append("install"), real_install(*a, **k))[1])
+    monkeypatch.setattr(reporter_module, "row_to_wire", lambda r: (log.append("row"), real_wire(r))[1])
+    rows = 2 * reporter_module.YIELD_EVERY_ROWS + 1
+    for i in range(rows):
+        queue.push(row(float(i)))
+    assert reporter.run_once() == "accepted"
+    chunk = ["row"] * reporter_module.YIELD_EVERY_ROWS + ["pause 0"]
+    assert log == 2 * chunk + ["row", "pause 0", "post", "pause 0", "pause 0", "install"]
+    assert len(fake.bodies[0]["steps"]) == rows and holder.current(50.0).version == 3
 
 
 def test_delivers_a_valid_batch_and_installs_the_policy() -> None:
