@@ -95,6 +95,16 @@ CF_CREDIT_CAP_NS = 20_000_000
 #: drafts from the width the patch set for the step, so a pass that finds every request at the width lets the
 #: next ones go.
 BATCH_PASS_EVERY = 8
+#: Steps between two steps whose sections read the thread-CPU clock (1: every step). That clock is a system call
+#: (0.6 us on this project's CPU, more where system calls are dear), read twice per section: on every step it was
+#: 5 us of the hook's 50-70 us a step at one request. It only splits the logged overhead into the hook's own work
+#: and its waits for the GIL, which a sample of the steps measures as well.
+CPU_SAMPLE_EVERY = 8
+
+
+def _no_cpu() -> int:
+    """The thread-CPU clock of a step that does not sample it."""
+    return 0
 
 
 class RequestState:
@@ -174,11 +184,13 @@ class HookStats:
     draft_ns: int = 0  # model-free drafting for categories that use it (a drafter's cost, not overhead)
     #: batch size -> [steps, hook ns, wall ns]
     by_batch: dict[int, list[int]] = field(default_factory=dict)
-    #: busy back-to-back steps: [steps, hook ns, seconds between step ends, hook thread-CPU ns] (the step's
-    #: cost under async scheduling). Wall ns include the time the engine thread waited for the GIL inside the
-    #: hook (vLLM's own I/O threads take it mid-step); thread-CPU ns are the work the hook itself did.
-    busy: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0])
-    busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0])  # the same for batches of 128+
+    #: busy back-to-back steps: [steps, hook ns, seconds between step ends, hook thread-CPU ns, seconds between
+    #: step ends of the steps that sampled the thread-CPU clock] (the step's cost under async scheduling). Wall
+    #: ns include the time the engine thread waited for the GIL inside the hook (vLLM's own I/O threads take it
+    #: mid-step); thread-CPU ns are the work the hook itself did, over the steps that read that clock
+    #: (CPU_SAMPLE_EVERY).
+    busy: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0, 0.0])
+    busy_large: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0, 0.0])  # the same for batches of 128+
     #: batches of 128+: wall ns per section (SECTIONS order), to say where the hook's time goes
     sections_large: list[int] = field(default_factory=lambda: [0] * len(SECTIONS))
     rule_large_ns: int = 0  # batches of 128+: the width rule's part of the after section
@@ -186,12 +198,14 @@ class HookStats:
     batch_passes_large: list[int] = field(default_factory=lambda: [0, 0])
 
     def record_busy(self, batch: int, hook_ns: int, interval_s: float, cpu_ns: int = 0,
-                    sections: list[int] | None = None, rule_ns: int = 0) -> None:
+                    sections: list[int] | None = None, rule_ns: int = 0, cpu_sampled: bool = True) -> None:
         for acc in (self.busy, self.busy_large) if batch >= 128 else (self.busy,):
             acc[0] += 1
             acc[1] += hook_ns
             acc[2] += interval_s
-            acc[3] += cpu_ns
+            if cpu_sampled:
+                acc[3] += cpu_ns
+                acc[4] += interval_s
         if batch >= 128 and sections is not None:
             for i, ns in enumerate(sections):
                 self.sections_large[i] += ns
@@ -201,8 +215,8 @@ class HookStats:
         def share(acc: list[float]) -> str:
             if acc[2] <= 0:
                 return "no steps"
-            return (f"{100 * acc[1] / 1e9 / acc[2]:.2f} % of {int(acc[0])} steps "
-                    f"(thread CPU {100 * acc[3] / 1e9 / acc[2]:.2f} %)")
+            cpu = f"{100 * acc[3] / 1e9 / acc[4]:.2f} %" if acc[4] > 0 else "not sampled"
+            return f"{100 * acc[1] / 1e9 / acc[2]:.2f} % of {int(acc[0])} steps (thread CPU {cpu})"
 
         line = f"hook {share(self.busy)}; at batch >= 128: {share(self.busy_large)}"
         steps = self.busy_large[0]
@@ -230,13 +244,14 @@ class HookStats:
 class _Step:
     """What one step carries from ``schedule()`` to ``update_from_output()``."""
 
-    __slots__ = ("agg", "batch_pass", "cf_ns", "cpu_ns", "decoding", "depth", "draft_ns", "engine_loop", "hook_ns",
-                 "mix", "output", "rule_ns", "sections", "spec_ns", "t0", "table", "width")
+    __slots__ = ("agg", "batch_pass", "cf_ns", "cpu", "cpu_ns", "decoding", "depth", "draft_ns", "engine_loop",
+                 "hook_ns", "mix", "output", "rule_ns", "sections", "spec_ns", "t0", "table", "width")
 
-    def __init__(self, t0: int, table: PolicyTable) -> None:
+    def __init__(self, t0: int, table: PolicyTable, cpu: Callable[[], int]) -> None:
         self.output: Any = None
         self.t0 = t0
         self.hook_ns = 0
+        self.cpu = cpu  # the thread-CPU clock of this step's sections (a zero clock on the steps not sampled)
         self.cpu_ns = 0  # thread CPU time of the hook's sections
         self.sections = [0] * len(SECTIONS)  # wall ns per section
         self.cf_ns = 0  # counterfactual scoring, within hook_ns
@@ -271,6 +286,7 @@ class SpecHook:
         clock: Callable[[], float] = time.monotonic,
         perf_ns: Callable[[], int] = time.perf_counter_ns,
         cpu_ns: Callable[[], int] = time.thread_time_ns,
+        cpu_sample_every: int = CPU_SAMPLE_EVERY,
     ) -> None:
         self.engine = engine
         self.holder = holder
@@ -286,6 +302,8 @@ class SpecHook:
         self.clock = clock
         self.perf_ns = perf_ns
         self.cpu_ns = cpu_ns
+        self.cpu_sample_every = max(int(cpu_sample_every), 1)
+        self._cpu_ticks = 0  # steps begun: every cpu_sample_every-th reads the thread-CPU clock
         self.stats = HookStats()
         self._categories: set[str] = {protocol.DEFAULT_CATEGORY}
         self._next: _Step | None = None  # built by before_schedule, claimed by after_schedule
@@ -371,10 +389,12 @@ class SpecHook:
     # -- before schedule() -----------------------------------------------------------------------------
 
     def before_schedule(self, running: Sequence[Any]) -> None:
-        c0 = self.cpu_ns()
+        cpu = self.cpu_ns if self._cpu_ticks % self.cpu_sample_every == 0 else _no_cpu
+        self._cpu_ticks += 1
+        c0 = cpu()
         t0 = self.perf_ns()
         table = self.holder.current(self.clock())
-        step = _Step(t0, table)
+        step = _Step(t0, table, cpu)
         if self.widths is not None:
             self._before_graph_step(running, table, step)
             self._close(step, 0, t0, c0)
@@ -560,7 +580,7 @@ class SpecHook:
         self._next = None
         if step is None:
             return
-        c = self.cpu_ns()
+        c = step.cpu()
         t = self.perf_ns()
         step.output = output
         table = step.table
@@ -612,7 +632,6 @@ class SpecHook:
     # -- around update_from_output() --------------------------------------------------------------------
 
     def observe(self, output: Any, runner_output: Any, requests: Mapping[str, Any]) -> None:
-        c = self.cpu_ns()
         t = self.perf_ns()
         step = None
         while self._inflight:  # steps complete in the order they were scheduled
@@ -623,6 +642,7 @@ class SpecHook:
         self._current = step
         if step is None:
             return
+        c = step.cpu()  # the step's clock, so read once it is found (the lookup is a few pointer compares)
         table = step.table
         agg = step.agg
         sched_spec = output.scheduled_spec_decode_tokens
@@ -759,7 +779,7 @@ class SpecHook:
         self._current = None
         if step is None:
             return
-        c = self.cpu_ns()
+        c = step.cpu()
         t = self.perf_ns()
         batch = len(output.num_scheduled_tokens)
         if step.engine_loop:
@@ -769,7 +789,8 @@ class SpecHook:
                 step.spec_ns = int(calls * self.spec_call_ns)
                 step.hook_ns += step.spec_ns
                 step.sections[2] += step.spec_ns
-                step.cpu_ns += step.spec_ns  # no thread-CPU clock per call: its wall price (no I/O, no lock)
+                if step.cpu is not _no_cpu:
+                    step.cpu_ns += step.spec_ns  # no thread-CPU clock per call: its wall price (no I/O, no lock)
             self._count_undrafted(step, batch)
             if requests is not None and len(self.keys) > len(requests) + KEYS_SLACK:
                 for rid in [rid for rid in self.keys if rid not in requests]:
@@ -806,7 +827,7 @@ class SpecHook:
             ))
         end = self.perf_ns()
         step.sections[3] = end - t
-        step.cpu_ns += self.cpu_ns() - c
+        step.cpu_ns += step.cpu() - c
         wall_ns = end - step.t0
         hook_ns = step.hook_ns + (end - t)
         if self.cf_methods:
@@ -816,7 +837,8 @@ class SpecHook:
             self._cf_credit_ns = min(max(credit, -CF_CREDIT_CAP_NS), CF_CREDIT_CAP_NS)
         self.stats.record(batch, hook_ns, wall_ns)
         if interval is not None:
-            self.stats.record_busy(batch, hook_ns, interval, step.cpu_ns, step.sections, step.rule_ns)
+            self.stats.record_busy(batch, hook_ns, interval, step.cpu_ns, step.sections, step.rule_ns,
+                                   cpu_sampled=step.cpu is not _no_cpu)
             if batch >= 128 and step.mix is not None:
                 self.stats.batch_passes_large[0] += 1
                 self.stats.batch_passes_large[1] += step.batch_pass
@@ -834,7 +856,7 @@ class SpecHook:
         spent = self.perf_ns() - t
         step.hook_ns += spent
         step.sections[section] += spent
-        step.cpu_ns += self.cpu_ns() - c
+        step.cpu_ns += step.cpu() - c
 
     # -- helpers for tests and the benchmark -----------------------------------------------------------
 

@@ -419,6 +419,7 @@ def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: boo
     rig = Rig(GRAPH, correct={"json": 7}, engine_loop=engine_loop)
     cpu = count(0, 500)
     rig.hook.cpu_ns = lambda: next(cpu)
+    rig.hook.cpu_sample_every = 1  # every step reads the thread-CPU clock
     rig.hook.spec_call_ns = 700.0
     calls: list[str] = []
     counting = rig.sim._counting_call()
@@ -442,6 +443,31 @@ def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: boo
     assert stats.sections_large == [1_000 * steps, 3_000 * steps, 1_000 * steps + spec_ticks, 1_000 * steps]
     assert stats.rule_large_ns == 1_000 * steps
     assert stats.busy_large[3] == 4 * 500 * steps + spec_ticks
+
+
+def test_the_thread_cpu_clock_is_read_on_one_step_in_cpu_sample_every_and_its_share_is_over_those_steps() -> None:
+    """The thread-CPU clock (a system call) is read by the sections of every CPU_SAMPLE_EVERY-th step only; the
+    logged thread-CPU share is their CPU over their own intervals, and the wall share still counts every step."""
+    from specctl_vllm.engine_patch.hook import CPU_SAMPLE_EVERY, HookStats
+
+    assert CPU_SAMPLE_EVERY > 1
+    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=True)
+    reads: list[int] = []
+    rig.hook.cpu_ns = lambda: (reads.append(rig.hook._cpu_ticks), 1_000 * len(reads))[1]
+    rig.hook.cpu_sample_every = 4
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
+    for i in range(8):
+        rig.add(f"j{i}", "json", max_tokens=200)
+    widths_seen(rig, 12)
+    # 12 steps, of which 0, 4 and 8 sample: each of their four sections reads the clock at its start and end
+    assert len(reads) == 3 * 4 * 2 and [t for t in reads[::8]] == [1, 5, 9]
+    stats = HookStats()
+    stats.record_busy(4, 10_000, 0.005, 5_000)  # sampled: 5 us of CPU in a 5 ms step
+    stats.record_busy(4, 10_000, 0.005, 0, cpu_sampled=False)  # its CPU not read
+    assert stats.overhead_line().startswith("hook 0.20 % of 2 steps (thread CPU 0.10 %)")
+    unsampled = HookStats()
+    unsampled.record_busy(4, 10_000, 0.005, 0, cpu_sampled=False)
+    assert unsampled.overhead_line().startswith("hook 0.20 % of 1 steps (thread CPU not sampled)")
 
 
 def test_graph_shaped_steps_do_not_adapt_a_requests_own_k() -> None:
