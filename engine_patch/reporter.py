@@ -25,7 +25,7 @@ wants the GIL back by the rest of that stretch, and an engine whose host is the 
 GIL up only briefly while it waits for the device) loses about that much time per post. So the reporter gives
 the GIL up between the phases of a post, and every :data:`YIELD_EVERY_ROWS` rows while it builds a batch: a
 waiting engine loop takes it at once, and the reporter goes on in the loop's next wait (``python -m bench
-reporter_gil``: a host-bound loop ran 1.0 % slower beside the reporter posting in one stretch, 0.1 % with the
+reporter_gil``: a host-bound loop ran 1.1 % slower beside the reporter posting in one stretch, 0.2 % with the
 pauses).
 """
 
