@@ -1077,6 +1077,36 @@ def test_the_measured_check_is_taken_with_the_width_and_probes_keep_their_gap(mo
     assert 0 < len(rule) <= -(-(80 - chooser.probe_run) // widths_module.RULE_REUSE_STEPS) + 1
 
 
+def test_the_curves_of_a_cells_other_categories_are_resolved_once_per_re_blend(monkeypatch) -> None:
+    """A measured cell's mix may hold categories the step's mix lacks (at one request it holds every category
+    of the last few hundred steps): the verdict reads their curves to carry the cell to today's mix. They are
+    resolved once and kept with the mix's own until the curves are re-blended, not at every verdict."""
+    resolved: list[str] = []
+    real_curve = WidthChooser.curve
+
+    def curve(self, category, table):
+        resolved.append(category)
+        return real_curve(self, category, table)
+
+    monkeypatch.setattr(WidthChooser, "curve", curve)
+    high = list(geometric_lengths(0.85, 7))
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), prose=CP(k=4, expected=high), json=CP(k=4, expected=HIGH),
+            code=CP(k=4, expected=LOW))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, explore_every=0, probe_run=0)
+    for batch in (64, 200):  # both buckets: timed steps at width 4 taken on json and code traffic
+        for _ in range(40):
+            chooser.measured.observe(batch, 4, 4 * batch, 0.01, {"json": 0.5, "code": 0.5})
+    verdicts = 0
+    for step in range(widths_module.CURVE_REFRESH_STEPS - 1):  # one re-blend period; the bucket moves every step
+        chooser.choose({"prose": 64}, table, 64 if step % 2 == 0 else 200)
+        verdicts += chooser.verdict is not None
+        chooser.verdict = None
+    assert verdicts == widths_module.CURVE_REFRESH_STEPS - 1  # a verdict, and a transfer, on every step
+    assert sorted(resolved) == ["code", "json", "prose"]
+
+
 def test_a_repriced_policy_keeps_the_batch_pass_and_the_requests_rules_a_new_rule_does_not(monkeypatch) -> None:
     """The controller's learning bumps the policy version when only the cells or the curves move (a few
     times a second at 256 requests on the H200): the width rule computes again on the next step, but the
