@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"benchmark": "engine loop step time beside the reporter thread (engine_patch/reporter.py)",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": args.rounds, "round_s": args.round_s,
            "interval_s": args.interval_s, "switch_interval_s": sys.getswitchinterval(), "regimes": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
     return 0

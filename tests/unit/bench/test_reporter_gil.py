@@ -56,7 +56,7 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], capsys) -> None:
 def test_one_short_round_per_arm_against_a_real_controller(tmp_path: Path) -> None:
     """The bench end to end, shortened: the reporter arms attach to a real ``specctl serve`` (a round raises
     where they do not) and every arm is timed."""
-    out = tmp_path / "gil.json"
+    out = tmp_path / "results" / "gil.json"  # a folder not there yet is made
     assert rg.main(["--regimes", "2000:1000", "--rounds", "1", "--round-s", "0.5", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     (regime,) = result["regimes"]
