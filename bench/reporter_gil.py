@@ -47,7 +47,8 @@ ARMS = ("off", "stretch", "paused")
 CATEGORIES = ("prose", "json", "code")
 REQUESTS_PER_CATEGORY = 20
 WIDTH = 4
-WARMUP_S = 0.5  # the reporter attaches (first policy computed) before a round is timed
+WARMUP_S = 0.5  # the loop runs this long before a round is timed, and until the reporter has attached
+ATTACH_TIMEOUT_S = 15.0  # a reporter not attached by then (first policy computed and installed) fails the run
 MAX_ROUNDS = 100
 MAX_ROUND_S = 60.0
 MAX_PHASE_US = 1_000_000
@@ -93,13 +94,14 @@ def one_round(url: str, arm: str, tag: str, busy_us: float, wait_us: float, roun
         reporter = Reporter(settings, queue, PolicyHolder(engine), identity, pause=pause)
         reporter.start()
     try:
-        deadline = time.monotonic() + WARMUP_S
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        while (time.monotonic() - start < WARMUP_S
+               or (reporter is not None and reporter.counters.policies_installed == 0)):
+            if time.monotonic() - start > ATTACH_TIMEOUT_S:
+                raise RuntimeError(f"{arm}: the reporter did not attach to {url} in {ATTACH_TIMEOUT_S:g} s")
             python_for(busy_us)
             time.sleep(wait_us / 1e6)
             queue.push(graph_row(0, 0.008))
-        if reporter is not None and reporter.counters.policies_installed == 0:
-            raise RuntimeError(f"{arm}: the reporter did not attach to {url} in {WARMUP_S} s")
         steps = 0
         t0 = time.perf_counter()
         deadline = time.monotonic() + round_s

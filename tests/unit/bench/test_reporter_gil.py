@@ -63,3 +63,13 @@ def test_one_short_round_per_arm_against_a_real_controller(tmp_path: Path) -> No
     assert (regime["busy_us"], regime["wait_us"]) == (2000.0, 1000.0)
     assert all(len(regime["step_us"][arm]) == 1 and regime["step_us"][arm][0] >= 3000 for arm in rg.ARMS)
     assert regime["paused_over_off"]["rounds"] == 1
+
+
+def test_a_reporter_that_cannot_attach_fails_the_round_with_a_reason(monkeypatch) -> None:
+    """No controller behind the URL: the warm-up waits for the reporter's first policy up to its timeout, then
+    the round fails saying so (never a round timed without the reporter it claims to measure)."""
+    from bench.harness import free_port
+
+    monkeypatch.setattr(rg, "ATTACH_TIMEOUT_S", 0.3)
+    with pytest.raises(RuntimeError, match="did not attach"):
+        rg.one_round(f"http://127.0.0.1:{free_port()}", "paused", "t", 1000.0, 1000.0, 0.5, 0.05)
