@@ -143,6 +143,8 @@ def build_arm(patched: bool, n: int, steps: int, seed: int) -> Any:
 
 
 def run_arm(patched: bool, n: int, steps: int, evict: Any, seed: int) -> dict[str, Any]:
+    from specctl_vllm.engine_patch.telemetry import step_aggregate
+
     scheduler = build_arm(patched, n, steps, seed)
     times = []
     for i in range(steps + 20):
@@ -166,8 +168,8 @@ def run_arm(patched: bool, n: int, steps: int, evict: Any, seed: int) -> dict[st
         row["overhead_line"] = stats.overhead_line()
         row["errors"] = dict(rt.errors)
         rows = rt.hook.queue.drain(10**6)
-        row["drafts_counted_by_patch"] = sum(n for r in rows for e in r.agg.values() for counts in e.hists.values()
-                                             for n in counts)
+        row["drafts_counted_by_patch"] = sum(n for r in rows for e in step_aggregate(r).values()
+                                             for counts in e.hists.values() for n in counts)
         row["steps_reported"] = len(rows)
     return row
 

@@ -33,8 +33,13 @@ into the step's sink (one packed (category key, drafts, accepted) code per reque
 table kept as rules resolve) while vLLM's loop holds the request hot, and calls vLLM's method (on the GPU the
 patch's own second pass over a cache-cold batch was two thirds of the hook's cost at 256 requests, a
 class-level override with ``*args``/``super()`` cost 1.4 us per drafted request on the CPU, and a tally of the
-step's tuples in ``finish`` 0.2 ms a step on the H200 host). ``finish`` folds the few distinct codes into the
-step's histograms and counts the step's requests that verified nothing from the step's mix.
+step's tuples in ``finish`` 0.2 ms a step on the H200 host). ``finish`` reads the few distinct codes once for
+what the engine itself needs (per category: accepted drafts, rejections, requests, for the width rule's fast
+timescale and the meters' committed tokens), counts the step's requests that verified nothing from the step's
+mix, and queues the codes as they are: the reporter thread unfolds them into histograms
+(:func:`~specctl_vllm.engine_patch.telemetry.step_aggregate`), off the engine loop, while the engine waits on
+the device (building the histograms in ``finish`` and reading them twice was a third of that section at 256
+requests on the CPU).
 
 Placeholder padding (vLLM pads a request admitted with exactly one new token to ``1 + num_spec_tokens``
 with placeholder drafts, ignoring any cap) is disabled by the scheduler at start-up, see
@@ -60,12 +65,17 @@ from specctl_vllm.engine_patch.categories import category_from_sampling_params
 from specctl_vllm.engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from specctl_vllm.engine_patch.proposers import PROPOSERS, TokenHistory
 from specctl_vllm.engine_patch.telemetry import (
+    CODE_BITS,
+    CODE_MASK,
+    KEY_SHIFT,
     Aggregate,
+    PackedCounts,
     StepQueue,
     StepRow,
     add_attempt,
     add_counterfactual,
     new_entry,
+    pack,
 )
 from specctl_vllm.engine_patch.widths import WidthChooser, verified_width
 
@@ -77,9 +87,6 @@ OVERHEAD_LOG_EVERY_S = 30.0
 STATE_ATTR = "_specctl_state"
 #: Two step ends closer than this are back-to-back steps of a busy engine: the gap is the later step's cost.
 BUSY_GAP_S = 0.5
-#: Bits of a drafts or accepted count in a packed tally code (any count up to protocol.MAX_K fits).
-_CODE_BITS = 8
-_CODE_LIMIT = 1 << _CODE_BITS
 #: Key-table entries of requests vLLM no longer holds that ``finish`` lets accumulate before it drops them
 #: (one pass over the table per this many finished requests).
 KEYS_SLACK = 64
@@ -715,30 +722,40 @@ class SpecHook:
         """The key's id, shifted past a (drafts, accepted) pair: a request's step packs into one int."""
         code = self._key_codes.get(key)
         if code is None:
-            code = self._key_codes[key] = len(self._key_list) << (2 * _CODE_BITS)
+            code = self._key_codes[key] = len(self._key_list) << KEY_SHIFT
             self._key_list.append(key)
         return code
 
-    def _fold_spec_sink(self, step: _Step, sink: dict[int, int], requests: Mapping[str, Any] | None) -> None:
-        """Engine-loop steps: the step's tally (exactly the drafts vLLM's counters count) into its histograms,
-        one update per distinct code (a few per category); requests the key table lacked are resolved first."""
+    def _sink_sums(self, step: _Step, sink: dict[int, int], requests: Mapping[str, Any] | None) -> dict[str, list[int]]:
+        """Engine-loop steps: per category, [accepted drafts, rejections, requests] of the step's drafted
+        requests (exactly those vLLM's counters count), read from the packed codes in one pass (a few codes per
+        category); the histograms are unfolded off the engine loop (:func:`~specctl_vllm.engine_patch.telemetry.step_aggregate`).
+        Requests the key table lacked are resolved first."""
         if self.spec_unkeyed:
             self._tally_unkeyed(step, sink, requests)
-        agg = step.agg
-        keys = self._key_list
+        by_index: dict[int, list[int]] = {}
         for code, n in sink.items():
-            key = keys[code >> (2 * _CODE_BITS)]
-            drafted = (code >> _CODE_BITS) & (_CODE_LIMIT - 1)
-            took = code & (_CODE_LIMIT - 1)
-            entry = agg.get(key)
-            if entry is None:
-                entry = agg[key] = new_entry()
-            entry.requests += n
-            if drafted > 0:
-                bucket = entry.hists.get(drafted)
-                if bucket is None:
-                    bucket = entry.hists[drafted] = [0] * (drafted + 1)
-                bucket[min(took, drafted)] += n  # vLLM: max(len(sampled) - num_sampled, 0) <= drafts
+            index = code >> KEY_SHIFT
+            sums = by_index.get(index)
+            if sums is None:
+                sums = by_index[index] = [0, 0, 0]
+            took = code & CODE_MASK  # <= drafts: the counting call and pack() keep it there
+            sums[0] += took * n
+            if took < (code >> CODE_BITS) & CODE_MASK:
+                sums[1] += n
+            sums[2] += n
+        keys = self._key_list
+        by_category: dict[str, list[int]] = {}
+        for index, sums in by_index.items():
+            category = keys[index][0]
+            into = by_category.get(category)
+            if into is None:
+                by_category[category] = sums
+            else:
+                into[0] += sums[0]
+                into[1] += sums[1]
+                into[2] += sums[2]
+        return by_category
 
     def _tally_unkeyed(self, step: _Step, sink: dict[int, int], requests: Mapping[str, Any] | None) -> None:
         """The rare path: a request whose key is not in the table (one the hook has not resolved, or resumed
@@ -750,15 +767,17 @@ class SpecHook:
             if request is None:
                 continue
             code = self.keys[rid] = self._key_code(self.state_of(request, step.table).key_on)
-            code += _pack(drafted, accepted)
+            code += pack(drafted, accepted)
             sink[code] = sink.get(code, 0) + 1
 
-    def _count_undrafted(self, step: _Step, batch: int) -> None:
+    def _count_undrafted(self, step: _Step, batch: int, sums: Mapping[str, list[int]]) -> None:
         """Engine-loop steps: the step's requests that verified no drafts (prefill chunks, K = 0), per category
-        from the step's mix, under the category's 'off' key; never more than the batch holds."""
-        drafted: dict[str, int] = {}
+        from the step's mix, under the category's 'off' key; never more than the batch holds. ``sums``: the
+        drafted requests' per-category sums (:meth:`_sink_sums`)."""
+        drafted = {category: counts[2] for category, counts in sums.items()}
         for (category, _method), entry in step.agg.items():
-            drafted[category] = drafted.get(category, 0) + entry.requests
+            if entry.requests:
+                drafted[category] = drafted.get(category, 0) + entry.requests
         left = batch - sum(drafted.values())
         for category, n in sorted(step.mix.items(), key=lambda kv: -kv[1]):
             rest = min(n - drafted.get(category, 0), left)
@@ -782,16 +801,20 @@ class SpecHook:
         c = step.cpu()
         t = self.perf_ns()
         batch = len(output.num_scheduled_tokens)
+        sums: dict[str, list[int]] = {}  # engine-loop steps: the drafted requests' counts per category
+        packed = None
         if step.engine_loop:
             if sink is not None:
-                self._fold_spec_sink(step, sink, requests)
+                sums = self._sink_sums(step, sink, requests)
+                if sink:
+                    packed = PackedCounts(sink, self._key_list)
                 # the calls ran inside vLLM's loop, outside any section: each at its measured price, in observe
                 step.spec_ns = int(calls * self.spec_call_ns)
                 step.hook_ns += step.spec_ns
                 step.sections[2] += step.spec_ns
                 if step.cpu is not _no_cpu:
                     step.cpu_ns += step.spec_ns  # no thread-CPU clock per call: its wall price (no I/O, no lock)
-            self._count_undrafted(step, batch)
+            self._count_undrafted(step, batch, sums)
             if requests is not None and len(self.keys) > len(requests) + KEYS_SLACK:
                 for rid in [rid for rid in self.keys if rid not in requests]:
                     del self.keys[rid]
@@ -804,10 +827,11 @@ class SpecHook:
         self._last_end = now if scheduled > 0 else None
         prefill = max(scheduled - batch - draft_tokens, 0)
         if self.widths is not None:
-            if step.agg:
-                self.widths.observe(step.agg)
+            if step.agg or sums:
+                self.widths.observe(step.agg, sums)
             if scheduled > 0:
-                committed, verified = committed_tokens(step.agg), verified_width(draft_tokens, batch)
+                committed = committed_tokens(step.agg) + sum(counts[0] + counts[2] for counts in sums.values())
+                verified = verified_width(draft_tokens, batch)
                 if step.decoding:
                     self.widths.measured.observe(batch, verified, committed, interval, self.widths.measured_mix())
                 if self.widths.budget is not None:
@@ -824,6 +848,7 @@ class SpecHook:
                 agg=step.agg,
                 width=step.width if draft_tokens == batch * (step.width or 0) else None,
                 interval_s=interval,
+                packed=packed,
             ))
         end = self.perf_ns()
         step.sections[3] = end - t
@@ -864,13 +889,6 @@ class SpecHook:
         return tuple(self._categories)
 
 
-def _pack(drafted: int, accepted: int) -> int:
-    """(drafts, accepted) of one request's step as the low bits of a tally code; vLLM's counts lie in
-    0..MAX_K with accepted <= drafts, anything else is clamped into that range."""
-    drafted = min(max(drafted, 0), protocol.MAX_K)
-    return (drafted << _CODE_BITS) + min(max(accepted, 0), drafted)
-
-
 def counting_call(hook: SpecHook, original: Callable[..., Any], failed: Callable[[str], None]) -> Callable[..., Any]:
     """vLLM's ``make_spec_decoding_stats`` (its bound method ``original``, with the parameters the runtime checked
     at start-up) that also tallies each drafted request into the hook's open sink, while vLLM's loop holds the
@@ -889,9 +907,9 @@ def counting_call(hook: SpecHook, original: Callable[..., Any], failed: Callable
                 drafted = num_draft_tokens - num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens \
                     else num_draft_tokens
                 if 0 <= num_accepted_tokens <= drafted <= max_k:
-                    code = keys[request_id] + (drafted << _CODE_BITS) + num_accepted_tokens
+                    code = keys[request_id] + (drafted << CODE_BITS) + num_accepted_tokens
                 else:
-                    code = keys[request_id] + _pack(drafted, num_accepted_tokens)
+                    code = keys[request_id] + pack(drafted, num_accepted_tokens)
                 sink[code] = sink.get(code, 0) + 1
             except KeyError:
                 unkeyed.append((request_id, drafted, num_accepted_tokens))
@@ -916,7 +934,7 @@ def counting_call_ns(calls: int = 4096, repeats: int = 5, perf_ns: Callable[[], 
     ids = [f"r{i}" for i in range(256)]
 
     probe = SimpleNamespace(spec_sink=None, spec_unkeyed=[],
-                            keys={rid: (i % 4) << (2 * _CODE_BITS) for i, rid in enumerate(ids)})
+                            keys={rid: (i % 4) << KEY_SHIFT for i, rid in enumerate(ids)})
     wrapped = counting_call(probe, original, lambda section: None)  # type: ignore[arg-type]
 
     def timed(fn: Callable[..., Any]) -> int:

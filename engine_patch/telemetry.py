@@ -9,12 +9,15 @@ Aggregation per step, keyed by ``(category, method)``: a :class:`CategoryTally` 
 counterfactual, attempts) where ``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the
 protocol's :class:`~specctl_vllm.controller.protocol.DraftHistogram` -- ``counterfactual[method][k][j]`` the same for
 model-free drafters scored against the tokens the target produced, and ``attempts[method]`` the proposals
-tried for that scoring, matched or not (the match rate's denominator).
+tried for that scoring, matched or not (the match rate's denominator). A graph-shaped engine that counts its
+drafted requests in vLLM's own update loop queues those as :class:`PackedCounts` (one int per distinct
+(key, drafts, accepted)); :func:`step_aggregate` unfolds them, on the reporter's side.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from specctl_vllm.controller import protocol
@@ -37,6 +40,29 @@ class CategoryTally:
 #: ``(category, method) -> CategoryTally``
 Aggregate = dict[tuple[str, str], CategoryTally]
 
+#: Bits of a drafts or accepted count in a packed code (any count up to protocol.MAX_K fits).
+CODE_BITS = 8
+CODE_MASK = (1 << CODE_BITS) - 1
+#: A packed code's (category, method) key index sits above its (drafts, accepted) pair.
+KEY_SHIFT = 2 * CODE_BITS
+
+
+def pack(drafted: int, accepted: int) -> int:
+    """(drafts, accepted) of one request's step as the low bits of a packed code; vLLM's counts lie in
+    0..MAX_K with accepted <= drafts, anything else is clamped into that range."""
+    drafted = min(max(drafted, 0), protocol.MAX_K)
+    return (drafted << CODE_BITS) + min(max(accepted, 0), drafted)
+
+
+class PackedCounts(NamedTuple):
+    """A step's drafted requests as vLLM's own update loop counted them, not yet unfolded into histograms:
+    packed code (key index << KEY_SHIFT | drafts << CODE_BITS | accepted) -> requests, and the
+    ``(category, method)`` keys the indices name. ``keys`` is the engine's append-only key list: an index a
+    code holds stays valid while the list grows."""
+
+    codes: dict[int, int]
+    keys: Sequence[tuple[str, str]]
+
 
 class StepRow(NamedTuple):
     t: float  # engine monotonic clock at step end, seconds
@@ -49,10 +75,48 @@ class StepRow(NamedTuple):
     agg: Aggregate
     width: int | None = None  # graph-shaped steps: the width every request verified
     interval_s: float | None = None  # seconds since the previous step ended, on a busy engine
+    #: graph-shaped engines counting in vLLM's loop: the drafted requests, unfolded off the engine loop
+    #: (:func:`step_aggregate`); ``agg`` then holds only the step's other counts
+    packed: PackedCounts | None = None
 
 
 def new_entry() -> CategoryTally:
     return CategoryTally()
+
+
+def _copy_entry(entry: CategoryTally) -> CategoryTally:
+    """A copy whose requests and histograms may be added to (the rest is shared: nothing here changes it)."""
+    copy = CategoryTally()
+    copy.requests = entry.requests
+    copy.hists = {k: list(counts) for k, counts in entry.hists.items()}
+    copy.counterfactual = entry.counterfactual
+    copy.attempts = entry.attempts
+    return copy
+
+
+def step_aggregate(row: StepRow) -> Aggregate:
+    """The row's per-(category, method) counts with its packed counts unfolded: a new dict where the row has
+    any (the row itself is not changed, so reading it twice gives the same counts), ``row.agg`` otherwise."""
+    packed = row.packed
+    if packed is None or not packed.codes:
+        return row.agg
+    merged = dict(row.agg)
+    fresh: set[tuple[str, str]] = set()
+    keys = packed.keys
+    for code, n in packed.codes.items():
+        key = keys[code >> KEY_SHIFT]
+        entry = merged.get(key)
+        if key not in fresh:
+            entry = merged[key] = _copy_entry(entry) if entry is not None else CategoryTally()
+            fresh.add(key)
+        entry.requests += n
+        drafted = (code >> CODE_BITS) & CODE_MASK
+        if drafted > 0:
+            bucket = entry.hists.get(drafted)
+            if bucket is None:
+                bucket = entry.hists[drafted] = [0] * (drafted + 1)
+            bucket[min(code & CODE_MASK, drafted)] += n
+    return merged
 
 
 def add_draft(hists: dict[int, list[int]], drafted: int, accepted: int) -> None:
@@ -122,7 +186,7 @@ def _hists_to_wire(hists: dict[int, list[int]]) -> list[dict[str, Any]]:
 def row_to_wire(row: StepRow) -> dict[str, Any]:
     """A :class:`StepRow` as a :class:`~specctl_vllm.controller.protocol.StepRecord` dict."""
     categories = []
-    for (category, method), tally in row.agg.items():
+    for (category, method), tally in step_aggregate(row).items():
         cf, attempts = tally.counterfactual, tally.attempts
         entry: dict[str, Any] = {
             "category": category,

@@ -43,7 +43,7 @@ exploration and the steady regime's, so a run is not cut.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
 from specctl_vllm.controller.core.model.cells import bucket_of
@@ -152,11 +152,19 @@ class WidthChooser:
         self._check: tuple[tuple[int, int], Verdict, int | None] | None = None
 
     # -- fast timescale ------------------------------------------------------------------------------------
-    def observe(self, agg: Mapping) -> None:
-        """Fold one step's per-(category, method) histograms into the fast sums."""
+    def observe(self, agg: Mapping, packed: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Fold one step's per-(category, method) histograms into the fast sums, and ``packed``: per category,
+        [accepted drafts, rejections, ...] of drafted requests counted without histograms (the hook's packed
+        counts)."""
         for sums in self._fast.values():
             sums[0] *= FAST_DECAY
             sums[1] *= FAST_DECAY
+        for category, (accepted, rejected, *_) in (packed or {}).items():
+            sums = self._fast.get(category)
+            if sums is None:
+                sums = self._fast[category] = [0.0, 0.0]
+            sums[0] += accepted
+            sums[1] += rejected
         for (category, _method), entry in agg.items():
             hists = entry.hists
             if not hists:

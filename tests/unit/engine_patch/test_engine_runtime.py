@@ -198,7 +198,7 @@ def test_vllms_own_update_loop_is_recognised_where_it_counts_drafts() -> None:
 
 
 def test_drafts_reach_the_sink_from_vllms_loop_and_vllm_keeps_its_stats(caplog) -> None:
-    from specctl_vllm.engine_patch.hook import _CODE_BITS
+    from specctl_vllm.engine_patch.telemetry import CODE_BITS as _CODE_BITS
 
     s = Patched()
     rt = s._specctl
@@ -300,8 +300,8 @@ def test_the_counting_call_wraps_vllms_own_method_on_a_real_scheduler_instance()
     position (vLLM's SpecDecodingStats count what they would count unwrapped), and tallies the request."""
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-    from specctl_vllm.engine_patch.hook import _CODE_BITS
     from specctl_vllm.engine_patch.scheduler import SpecctlScheduler
+    from specctl_vllm.engine_patch.telemetry import CODE_BITS as _CODE_BITS
 
     scheduler = object.__new__(SpecctlScheduler)  # no engine: only what the stats call reads
     scheduler.log_stats = True

@@ -15,7 +15,7 @@ from specctl_vllm.controller.core.model import measured as measured_module
 from specctl_vllm.controller.core.model.widths import PRIOR_PASS_S, geometric_lengths
 from specctl_vllm.engine_patch import widths as widths_module
 from specctl_vllm.engine_patch.policy_table import EngineSpec
-from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire
+from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire, step_aggregate
 from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser, verified_width
 
 CP = protocol.CategoryPolicy
@@ -501,6 +501,16 @@ def step_counts(rig: Rig) -> list[dict[str, tuple[int, dict[int, list[int]]]]]:
     return out
 
 
+def recording(observe, into: list) -> object:
+    """The meter's ``observe``, noting each step's (batch, width, committed tokens) first."""
+
+    def call(batch: int, width: int, committed: int, *rest: object) -> None:
+        into.append((batch, width, committed))
+        observe(batch, width, committed, *rest)
+
+    return call
+
+
 def test_drafts_counted_in_vllms_loop_match_the_patchs_own_pass() -> None:
     """The two ways a graph-shaped step is counted give the same request steps and the same histograms, step
     by step and per category, with grammar-invalid drafts, requests that finish and join, and width changes."""
@@ -510,17 +520,46 @@ def test_drafts_counted_in_vllms_loop_match_the_patchs_own_pass() -> None:
         install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW),
                 code=CP(k=4, expected=list(geometric_lengths(0.6, 7))))
         rig.sim.invalid = lambda rid, spec: 1 if rid.startswith("c") and len(spec) > 2 else 0
+        metered: list[tuple[int, int, int]] = []  # what the engine thread read from each step: the meter's input
+        rig.hook.widths.measured.observe = recording(rig.hook.widths.measured.observe, metered)
         for i in range(12):
             rig.add(f"{'jpc'[i % 3]}{i}", ("json", "prose", "code")[i % 3], max_tokens=20 + 3 * i)
         truths = [rig.sim.step() for _ in range(30)]
         for i in range(6):  # late joiners: their prefill steps verify no drafts
             rig.add(f"late{i}", "json", max_tokens=15)
         truths += [rig.sim.step() for _ in range(30)]
-        runs.append((step_counts(rig), truths))
-    (passed, truths), (looped, _) = runs
+        table = rig.holder.current(rig.clock())
+        curves = [rig.hook.widths.curve(c, table) for c in ("json", "prose", "code")]  # the fast timescale's
+        runs.append((step_counts(rig), truths, metered, curves))
+    (passed, truths, passed_metered, passed_curves), (looped, _, looped_metered, looped_curves) = runs
     assert looped == passed
+    assert looped_metered == passed_metered and len(looped_metered) >= 20
+    assert looped_curves == [pytest.approx(curve) for curve in passed_curves]
+    assert looped_curves[0] != looped_curves[1]  # json and prose accept differently: the curves are fed
     drafted = sum(n for step in looped for _, hists in step.values() for counts in hists.values() for n in counts)
     assert drafted == sum(t.drafts for t in truths) > 0
+
+
+def test_an_engine_loop_step_leaves_its_histograms_to_the_reporter() -> None:
+    """The engine thread reads the packed codes once (the fast sums, the committed tokens) and queues them as they
+    are: the row's own aggregate holds no drafted histogram, its packed codes hold every drafted request, and
+    the reporter's read of the row unfolds them."""
+    rig = Rig(GRAPH, correct={"json": 7, "prose": 1}, engine_loop=True)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=4, expected=HIGH))
+    for i in range(8):
+        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=30)
+    truths = [rig.sim.step() for _ in range(12)]
+    rows = rig.queue.drain(100)
+    drafted_rows = [row for row in rows if row.draft_tokens]
+    assert len(drafted_rows) >= 8
+    for row in drafted_rows:
+        assert row.packed is not None and all(not e.hists for e in row.agg.values())
+        unfolded = step_aggregate(row)
+        assert sum(row.packed.codes.values()) == sum(e.requests for e in unfolded.values()
+                                                     if e.hists) == row.batch_size
+    drafted_requests = sum(n for row in rows for e in step_aggregate(row).values()
+                           for counts in e.hists.values() for n in counts)
+    assert drafted_requests == sum(t.drafts for t in truths)
 
 
 def test_the_key_table_resolves_a_request_it_lost_and_stays_bounded() -> None:
@@ -576,7 +615,7 @@ def test_a_drafted_request_vllm_no_longer_holds_is_left_out_without_error() -> N
     rig.sim.step()
     rig.sim._counting_call = real
     rows = rig.queue.drain(100)
-    assert rows[-1].batch_size == 1 and sum(e.requests for e in rows[-1].agg.values()) == 1
+    assert rows[-1].batch_size == 1 and sum(e.requests for e in step_aggregate(rows[-1]).values()) == 1
     assert rig.sim.counting_failures == [] and "gone" not in rig.hook.keys
 
 
@@ -977,7 +1016,7 @@ def test_steps_between_passes_never_report_more_requests_than_they_ran() -> None
     rows = rig.queue.drain(1000)
     assert len(rows) >= 50
     for row in rows:
-        assert sum(e.requests for e in row.agg.values()) == row.batch_size
+        assert sum(e.requests for e in step_aggregate(row).values()) == row.batch_size
 
 
 def run_shift(chooser: WidthChooser, table, before: int, after: int) -> tuple[list[int], float, float]:
