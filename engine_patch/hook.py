@@ -383,7 +383,7 @@ class SpecHook:
         state.rule = rule
         # Graph-shaped steps verify the step's width whatever a request's own k is, so that k is not adapted
         # there (one call per request per step the width rule would never read).
-        state.adaptive = not rule.fixed and self.widths is None
+        state.adaptive = self.widths is None and not rule.fixed
         state.adapt = RequestK(k=rule.k)
         # Drafts a request verifies under an 'off' rule come from the engine's drafter: a graph-shaped step
         # pads every request to the step's width, whatever its category decided.
@@ -779,14 +779,24 @@ class SpecHook:
             if entry.requests:
                 drafted[category] = drafted.get(category, 0) + entry.requests
         left = batch - sum(drafted.values())
-        for category, n in sorted(step.mix.items(), key=lambda kv: -kv[1]):
-            rest = min(n - drafted.get(category, 0), left)
+        if left <= 0:
+            return
+        rests = {}
+        for category, n in step.mix.items():
+            rest = n - drafted.get(category, 0)
+            if rest > 0:
+                rests[category] = rest
+        if sum(rests.values()) > left:  # a mix that counts more than the batch holds: the largest first
+            rests = dict(sorted(rests.items(), key=lambda kv: -kv[1]))
+        agg = step.agg
+        for category, rest in rests.items():
+            rest = min(rest, left)
             if rest <= 0:
-                continue
+                break
             key = (category, protocol.METHOD_OFF)
-            entry = step.agg.get(key)
+            entry = agg.get(key)
             if entry is None:
-                entry = step.agg[key] = new_entry()
+                entry = agg[key] = new_entry()
             entry.requests += rest
             left -= rest
 

@@ -272,3 +272,23 @@ def test_stale_async_frames_vllm_discards_are_not_counted() -> None:
     run(rig, 3)
     after = totals(rig)
     assert after.get(("code", "ngram"), [0, 0, 0, 0])[1] == 0
+
+
+@pytest.mark.parametrize(("mix", "drafted", "batch", "expected"), [
+    ({"json": 6, "prose": 2}, {"json": 6}, 8, {"prose": 2}),  # every request of the mix in the batch
+    ({"json": 6, "prose": 2}, {"json": 4}, 8, {"json": 2, "prose": 2}),
+    ({"json": 6, "prose": 2}, {"json": 6, "prose": 2}, 8, {}),  # all drafted: nothing to count
+    ({"json": 6, "prose": 4}, {"json": 2}, 8, {"json": 4, "prose": 2}),  # mix over the batch: the largest first
+    ({"json": 3, "prose": 5}, {}, 6, {"prose": 5, "json": 1}),
+    ({"json": 2}, {"json": 1}, 1, {}),  # the batch is full of drafted requests already
+])
+def test_undrafted_requests_come_from_the_mix_and_never_exceed_the_batch(mix, drafted, batch, expected) -> None:
+    from specctl_vllm.engine_patch.hook import _Step
+
+    rig = Rig(EngineSpec(method="eagle3", k_max=4, graph_widths=(0, 2, 4)))
+    step = _Step(0, rig.holder.current(rig.clock()), lambda: 0)
+    step.mix = dict(mix)
+    rig.hook._count_undrafted(step, batch, {c: [0, 0, n] for c, n in drafted.items()})
+    counted = {category: e.requests for (category, method), e in step.agg.items() if method == protocol.METHOD_OFF}
+    assert counted == expected
+    assert sum(counted.values()) + sum(drafted.values()) <= max(batch, sum(drafted.values()))
