@@ -39,7 +39,7 @@ from bench.overhead import GRAPH_ENGINE_WIDTHS
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings
-from specctl_vllm.engine_patch.telemetry import StepQueue, StepRow, add_draft, new_entry
+from specctl_vllm.engine_patch.telemetry import KEY_SHIFT, PackedCounts, StepQueue, StepRow, pack
 from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 
 RESULTS = ROOT / "bench" / "results" / "reporter_gil.json"
@@ -52,20 +52,22 @@ ATTACH_TIMEOUT_S = 15.0  # a reporter not attached by then (first policy compute
 MAX_ROUNDS = 100
 MAX_ROUND_S = 60.0
 MAX_PHASE_US = 1_000_000
+KEYS = tuple((category, "eagle3") for category in CATEGORIES)
 
 
 def graph_row(i: int, step_s: float) -> StepRow:
-    """One step of a graph-shaped engine at width 4: 60 requests, 20 per category, every acceptance length."""
-    agg = {}
-    for j, category in enumerate(CATEGORIES):
-        entry = agg[(category, "eagle3")] = new_entry()
-        entry.requests = REQUESTS_PER_CATEGORY
+    """One step of a graph-shaped engine at width 4 as its hook queues it: 60 requests, 20 per category, every
+    acceptance length, the drafted requests as packed codes (vLLM's loop counted them) for the reporter to
+    unfold."""
+    codes: dict[int, int] = {}
+    for j in range(len(CATEGORIES)):
         for r in range(REQUESTS_PER_CATEGORY):
-            add_draft(entry.hists, WIDTH, (i + r + j) % (WIDTH + 1))
+            code = (j << KEY_SHIFT) + pack(WIDTH, (i + r + j) % (WIDTH + 1))
+            codes[code] = codes.get(code, 0) + 1
     batch = REQUESTS_PER_CATEGORY * len(CATEGORIES)
     return StepRow(t=time.monotonic(), wall_s=step_s, batch_size=batch, scheduled_tokens=batch * (1 + WIDTH),
-                   draft_tokens=batch * WIDTH, prefill_tokens=0, draft_depth=WIDTH, agg=agg, width=WIDTH,
-                   interval_s=step_s)
+                   draft_tokens=batch * WIDTH, prefill_tokens=0, draft_depth=WIDTH, agg={}, width=WIDTH,
+                   interval_s=step_s, packed=PackedCounts(codes, KEYS))
 
 
 def python_for(us: float) -> int:
