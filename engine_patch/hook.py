@@ -338,7 +338,9 @@ class SpecHook:
         #: counting call holds this dict).
         self.keys: dict[str, int] = {}
         self._key_codes: dict[tuple[str, str], int] = {}
-        self._key_list: list[tuple[str, str]] = []  # bounded: categories (max_categories) x drafters
+        #: bounded: categories (max_categories) x drafters; append-only, as queued rows' packed codes index it
+        #: from the reporter thread
+        self._key_list: list[tuple[str, str]] = []
         self._last_end: float | None = None
         self._last_log = clock()
         #: graph-shaped: the last batch pass's requests per category, the rules generation and batch size it
