@@ -60,6 +60,7 @@ from specctl_vllm.controller.core.model.widths import (
     TokenBudget,
     choose_width,
     committed_per_step,
+    could_fill,
     geometric_lengths,
     steady_regime,
 )
@@ -215,7 +216,7 @@ class WidthChooser:
                 self.explored += 1
                 self.width = self.widths[j]
                 return self.width
-        budget = self._budget_now()
+        budget = self._budget_now(batch)
         if budget is not None and not steady_regime(batch, self.widths[-1], budget):
             budget = None
         if budget is not None and not held_off and self._explore_steady():
@@ -281,9 +282,15 @@ class WidthChooser:
         model rates 2.6x plain (high at one request on the H200) is explored once in 850 steps, not in 50."""
         return max(self.explore_every, int(self.explore_every * (1.0 + max(self._model_gain, 0.0) / PROBE_GAIN_UNIT)))
 
-    def _budget_now(self) -> TokenBudget | None:
-        """The budget meter's reading, refreshed every :data:`BUDGET_REFRESH_STEPS` steps."""
+    def _budget_now(self, batch: int) -> TokenBudget | None:
+        """The budget meter's reading, refreshed every :data:`BUDGET_REFRESH_STEPS` steps; None, and no fit, at a
+        batch where no width could fill the budget (the reading would go unused: at one request its fit every 8
+        steps was a sixth of the rule's time on the CPU), and a fresh fit at the next batch that could."""
         if self.budget is None:
+            return None
+        rho = self.budget.prompt_ratio
+        if rho is None or not could_fill(batch, self.widths[-1], self.budget.tokens, rho):
+            self._budget_age = BUDGET_REFRESH_STEPS
             return None
         self._budget_age += 1
         if self._budget_age >= BUDGET_REFRESH_STEPS:

@@ -85,15 +85,22 @@ class BudgetMeter:
 
     def current(self) -> TokenBudget | None:
         seconds, steps = self._full
-        if steps < MIN_FULL_STEPS or seconds <= 0 or self._prompt[1] <= 0:
+        rho = self.prompt_ratio
+        if steps < MIN_FULL_STEPS or seconds <= 0 or rho is None:
             return None
         full_s = seconds / steps
         if full_s < MIN_FULL_STEP_S:
             return None  # no step of a real engine is this fast: a clock artefact, not a budget
         fixed_s, draft_s, pass_s = self.fixed_costs(full_s)
-        return TokenBudget(tokens=self.tokens, capacity=self.tokens / full_s,
-                           rho=self._prompt[0] / self._prompt[1], fixed_s=fixed_s, pass_s=pass_s,
-                           draft_s=draft_s, steps=self.timed_steps)
+        return TokenBudget(tokens=self.tokens, capacity=self.tokens / full_s, rho=rho, fixed_s=fixed_s,
+                           pass_s=pass_s, draft_s=draft_s, steps=self.timed_steps)
+
+    @property
+    def prompt_ratio(self) -> float | None:
+        """Decayed prompt tokens per committed token (a reading's ``rho``), None before any committed token;
+        O(1), no fit."""
+        prompt, committed = self._prompt
+        return prompt / committed if committed > 0 else None
 
     def fixed_costs(self, full_s: float) -> tuple[float, float, float]:
         """(a_0, s, p) of the steps fed so far, for a full step of ``full_s`` seconds (:func:`fixed_step_costs`)."""

@@ -99,7 +99,13 @@ class TokenBudget:
 def steady_regime(batch: int, widest: int, budget: TokenBudget) -> bool:
     """Whether the widest width of the set could fill the budget at this batch (E(K) <= 1 + K bounds its prompt
     tokens): below, no width can, and the decode-only cells price the widths."""
-    return batch * (1 + widest) * (1 + budget.rho) >= budget.tokens
+    return could_fill(batch, widest, budget.tokens, budget.rho)
+
+
+def could_fill(batch: int, widest: int, tokens: int, rho: float) -> bool:
+    """:func:`steady_regime` on a budget of ``tokens`` with ``rho`` prompt tokens per committed token, before any
+    reading is fitted (an engine asks it first: at a batch no width can fill, the fit would go unused)."""
+    return batch * (1 + widest) * (1 + rho) >= tokens
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -161,14 +161,14 @@ def test_the_hook_explores_only_after_decode_only_steps(monkeypatch, joins_every
 
 def test_budget_meter_measures_full_steps_and_prompt_tokens_per_committed_token() -> None:
     meter = BudgetMeter(2048)
-    assert meter.current() is None
+    assert meter.current() is None and meter.prompt_ratio is None
     for _ in range(int(MIN_FULL_STEPS) + 10):
         meter.observe(2048, 1040, 520, 0.0567)  # a full step: 2 prompt tokens per committed token
         meter.observe(2048, 0, 0, None)  # full, but no interval (the engine was idle before it): not timed
     budget = meter.current()
     assert budget is not None and budget.tokens == 2048
     assert budget.capacity == pytest.approx(2048 / 0.0567)
-    assert budget.rho == pytest.approx(1040 / 520, rel=0.01)
+    assert budget.rho == pytest.approx(1040 / 520, rel=0.01) and meter.prompt_ratio == budget.rho
     assert budget.fixed_s == 0.0  # only full steps: nothing to fit a line to
     few = BudgetMeter(2048)
     for _ in range(5):
@@ -297,6 +297,36 @@ def run_steady(chooser: WidthChooser, table, steps: int, engine: SteadyEngine) -
         chooser.budget.observe(*engine.step(k), k)
         chosen.append(k)
     return chosen
+
+
+def test_the_budget_is_fitted_only_at_batches_where_a_width_could_fill_it(monkeypatch) -> None:
+    """At a batch where even the widest width cannot fill the token budget the steady-step model prices
+    nothing, so the rule fits no reading there (at one request that fit was a sixth of the rule's time); the
+    first batch that could fill it gets a fresh fit, not one left from before, and reads it every
+    BUDGET_REFRESH_STEPS steps after."""
+    from specctl_vllm.engine_patch import widths as widths_module
+
+    rig = Rig(GRAPH)
+    install(rig, cells([10.0, 15.0, 17.0, 27.0, 29.0]), prose=CP(k=2, expected=HIGH))
+    table = rig.holder.current(rig.clock())
+    chooser = WidthChooser((0, 1, 2, 4, 7), 7, token_budget=2048)
+    engine = SteadyEngine(HIGH, np.random.default_rng(3))
+    for _ in range(400):
+        chooser.budget.observe(*engine.step(2), 2)
+    fits = []
+    current = chooser.budget.current
+    monkeypatch.setattr(chooser.budget, "current", lambda: fits.append(1) or current())
+    rho = chooser.budget.prompt_ratio
+    small = int(2048 / (8 * (1 + rho))) - 1  # batch * (1 + 7) * (1 + rho) < 2048: no width fills it
+    assert not widths_module.could_fill(small, 7, 2048, rho) and widths_module.could_fill(256, 7, 2048, rho)
+    for _ in range(3 * widths_module.BUDGET_REFRESH_STEPS):
+        chooser.choose({"prose": small}, table, small, measurable=False)
+    assert fits == []
+    chooser.choose({"prose": 256}, table, 256, measurable=False)
+    assert len(fits) == 1  # at once, at the first batch that could fill it
+    for _ in range(2 * widths_module.BUDGET_REFRESH_STEPS):
+        chooser.choose({"prose": 256}, table, 256, measurable=False)
+    assert len(fits) == 3
 
 
 @pytest.mark.parametrize(("curve", "ran", "prior_pick", "explore_every", "settles_on"), [

@@ -11,6 +11,7 @@ from specctl_vllm.controller.core.model.widths import (
     budget_binds,
     budget_goodput,
     choose_width,
+    could_fill,
     expected_lengths,
     fixed_step_costs,
     geometric_lengths,
@@ -209,6 +210,8 @@ def test_the_steady_regime_starts_where_the_widest_width_could_fill_the_budget()
     assert steady_regime(256, 7, S6_BUDGET)  # 256 * 8 * 3 = 6144 tokens
     assert not steady_regime(64, 7, S6_BUDGET)  # 1536
     assert steady_regime(64, 7, TokenBudget(tokens=1024, capacity=1.0, rho=2.0))
+    for batch in (1, 64, 85, 86, 256):  # the pre-fit check is the same formula: 86 * 8 * 3 = 2064 >= 2048
+        assert could_fill(batch, 7, 2048, 2.0) == steady_regime(batch, 7, S6_BUDGET) == (batch >= 86)
 
 
 def test_unmeasured_cells_need_a_large_modelled_gain() -> None:
