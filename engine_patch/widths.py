@@ -284,8 +284,9 @@ class WidthChooser:
 
     def _budget_now(self, batch: int) -> TokenBudget | None:
         """The budget meter's reading, refreshed every :data:`BUDGET_REFRESH_STEPS` steps; None, and no fit, at a
-        batch where no width could fill the budget (the reading would go unused: at one request its fit every 8
-        steps was a sixth of the rule's time on the CPU), and a fresh fit at the next batch that could."""
+        batch where no width could fill the budget (the reading would go unused: after a busy period the meter
+        keeps its full steps, and at a few requests it was fitted every 8 steps for nothing), and a fresh fit at
+        the next batch that could."""
         if self.budget is None:
             return None
         rho = self.budget.prompt_ratio

@@ -301,7 +301,7 @@ def run_steady(chooser: WidthChooser, table, steps: int, engine: SteadyEngine) -
 
 def test_the_budget_is_fitted_only_at_batches_where_a_width_could_fill_it(monkeypatch) -> None:
     """At a batch where even the widest width cannot fill the token budget the steady-step model prices
-    nothing, so the rule fits no reading there (at one request that fit was a sixth of the rule's time); the
+    nothing, so the rule fits no reading there, even with the full steps of a busier period in the meter; the
     first batch that could fill it gets a fresh fit, not one left from before, and reads it every
     BUDGET_REFRESH_STEPS steps after."""
     from specctl_vllm.engine_patch import widths as widths_module
