@@ -728,11 +728,13 @@ class SpecHook:
             self._key_list.append(key)
         return code
 
-    def _sink_sums(self, step: _Step, sink: dict[int, int], requests: Mapping[str, Any] | None) -> dict[str, list[int]]:
+    def _sink_sums(self, step: _Step, sink: dict[int, int],
+                   requests: Mapping[str, Any] | None) -> dict[str, list[int]]:
         """Engine-loop steps: per category, [accepted drafts, rejections, requests] of the step's drafted
         requests (exactly those vLLM's counters count), read from the packed codes in one pass (a few codes per
-        category); the histograms are unfolded off the engine loop (:func:`~specctl_vllm.engine_patch.telemetry.step_aggregate`).
-        Requests the key table lacked are resolved first."""
+        category); the histograms are unfolded off the engine loop
+        (:func:`~specctl_vllm.engine_patch.telemetry.step_aggregate`). Requests the key table lacked are
+        resolved first."""
         if self.spec_unkeyed:
             self._tally_unkeyed(step, sink, requests)
         by_index: dict[int, list[int]] = {}
