@@ -153,14 +153,14 @@ class WidthChooser:
         self._check: tuple[tuple[int, int], Verdict, int | None] | None = None
 
     # -- fast timescale ------------------------------------------------------------------------------------
-    def observe(self, agg: Mapping, packed: Mapping[str, Sequence[int]] | None = None) -> None:
-        """Fold one step's per-(category, method) histograms into the fast sums, and ``packed``: per category,
-        [accepted drafts, rejections, ...] of drafted requests counted without histograms (the hook's packed
-        counts)."""
+    def observe(self, agg: Mapping, by_category: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Fold one step's per-(category, method) histograms into the fast sums, and ``by_category``: per
+        category, [accepted drafts, rejections, ...] of drafted requests counted without histograms (read from
+        the hook's packed codes)."""
         for sums in self._fast.values():
             sums[0] *= FAST_DECAY
             sums[1] *= FAST_DECAY
-        for category, (accepted, rejected, *_) in (packed or {}).items():
+        for category, (accepted, rejected, *_) in (by_category or {}).items():
             sums = self._fast.get(category)
             if sums is None:
                 sums = self._fast[category] = [0.0, 0.0]
