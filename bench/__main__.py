@@ -53,6 +53,10 @@ BENCHMARKS: dict[str, str] = {
     "gpu.seed_static": "bench.gpu.seed_static",
     "gpu.dispatch_check": "bench.gpu.dispatch_check",
     "gpu.trace_summary": "bench.gpu.trace_summary",
+    # a day of traffic (bench/trace/README.md)
+    "trace": "bench.trace.run",
+    "trace.report": "bench.trace.report",
+    "trace.measured": "bench.trace.measured",
 }
 
 USAGE = "usage: python -m bench <name> [args...] | python -m bench --list"

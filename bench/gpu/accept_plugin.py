@@ -87,8 +87,9 @@ def _install_once() -> tuple[str, ...]:
     return tuple(installed)
 
 
-def parse_betas(raw: str) -> dict[str, float]:
-    """``{"high": 0.85, ...}`` -> category -> conditional acceptance in [0, 1]; anything malformed is left out."""
+def parse_betas(raw: str) -> dict[str, float | tuple[float, ...]]:
+    """``{"high": 0.85, "json": [0.9, 0.8, ...]}`` -> category -> conditional acceptance in [0, 1], one rate for
+    every position or one per position (a shorter list repeats its last rate); anything malformed is left out."""
     try:
         data = json.loads(raw) if raw.strip() else {}
     except ValueError:
@@ -96,11 +97,19 @@ def parse_betas(raw: str) -> dict[str, float]:
         return {}
     if not isinstance(data, Mapping):
         return {}
-    out = {}
+    out: dict[str, float | tuple[float, ...]] = {}
     for name, beta in data.items():
-        if isinstance(name, str) and isinstance(beta, int | float) and 0.0 <= float(beta) <= 1.0:
+        if not isinstance(name, str):
+            continue
+        if _rate(beta):
             out[name] = float(beta)
+        elif isinstance(beta, list) and beta and all(_rate(b) for b in beta):
+            out[name] = tuple(float(b) for b in beta)
     return out
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= float(value) <= 1.0
 
 
 def _wrap(target: tuple[str, str, str], make: Callable[[Callable], Callable]) -> bool:
@@ -129,13 +138,23 @@ def request_category(request_id: str, known: Mapping[str, Any]) -> str | None:
     return head if head in known else None
 
 
-def keep_table(engine_rates: Sequence[float], betas: Mapping[str, float]):
-    """Per category, per draft position i: the probability ``min(1, beta_cat / r_i)`` of keeping the draft."""
+def keep_table(engine_rates: Sequence[float], betas: Mapping[str, float | Sequence[float]]):
+    """Per category, per draft position i: the probability ``min(1, beta_cat_i / r_i)`` of keeping the draft
+    (``beta_cat`` one rate for all positions, or per position with the last repeated)."""
     import numpy as np
 
     rates = np.asarray(engine_rates, dtype=np.float64)
     safe = np.where(rates > 0, rates, 1.0)
-    return {name: np.where(rates > 0, np.minimum(1.0, beta / safe), 1.0) for name, beta in betas.items()}
+
+    def per_position(beta: float | Sequence[float]):
+        if isinstance(beta, int | float):
+            return np.full(len(rates), float(beta))
+        values = list(beta)[: len(rates)]
+        values += [values[-1]] * (len(rates) - len(values))
+        return np.asarray(values, dtype=np.float64)
+
+    return {name: np.where(rates > 0, np.minimum(1.0, per_position(beta) / safe), 1.0)
+            for name, beta in betas.items()}
 
 
 def logit_keep_probs(row_tables: Sequence[Any], cu_num_logits):
