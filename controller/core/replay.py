@@ -112,8 +112,10 @@ def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, prese
         except IngestRejected:
             rejected += 1
             continue
+        # asked after every batch, as every ack of the live controller carries its policy: what it decided
+        # before (hysteresis, the previous default) is part of the decision, with or without ``timeline``
+        current = _wire_choice(brain, model, spec, now, engine_id)
         if timeline and now >= next_ask:
-            current = _wire_choice(brain, model, spec, now, engine_id)
             if current != last:
                 changes.append({"t_s": round(now - t0, 3),
                                 "categories": {c: f"{m}:{k}" for c, (k, m, _) in sorted(current.items())}})

@@ -27,3 +27,13 @@ def test_goodput_policy_is_at_least_the_best_static_k(path: Path) -> None:
     pol = replay.replay(_batches(path), policies=["static", "goodput"])["policies"]
     best = max((name for name in pol if name.startswith("k=")), key=lambda n: pol[n]["goodput"])
     assert pol["goodput"]["goodput"] >= pol[best]["goodput"], (best, pol[best]["vs_off"], pol["goodput"]["vs_off"])
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
+def test_goodput_row_does_not_depend_on_listing_the_timeline(path: Path) -> None:
+    """The Brain is asked after every batch, as the live controller's acks ask it, so what it decided before
+    (hysteresis, the previous default) shapes its last decision whether or not the timeline is listed."""
+    batches = _batches(path)
+    rows = [replay.replay(batches, policies=["goodput"], timeline=t)["policies"]["goodput"] for t in (False, True)]
+    assert rows[0]["choice"] == rows[1]["choice"]
+    assert rows[0]["goodput"] == rows[1]["goodput"]
