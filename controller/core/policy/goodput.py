@@ -39,7 +39,8 @@ Guardrails, applied on top:
   * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen. A
     category not yet measured on the engine's own drafter runs it (k >= 1, priced with the pooled profile
     of all categories) when that takes at most ``explore_window_s``; a category with no eligible drafter
-    keeps the default (the pooled choice, or the engine's static config while the pool lacks evidence);
+    keeps the default (the pooled choice; while the pool lacks evidence, a cold start: the engine's drafter
+    at the best k >= 1 for the prior acceptance at this batch and cost model, :func:`_cold_choice`);
   * hysteresis: a category leaves its previous decision only if the batch gains more than
     ``hysteresis`` times the category's own goodput (so small categories move too, noise does not);
   * probing: a category at k = 0 has ``probe_rate`` of its requests run at ``probe_k`` with a drafter
