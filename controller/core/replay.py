@@ -11,8 +11,8 @@ the proposal length and drafter each policy picks, and the goodput the recorded 
   * ``off``       -- no speculation;
   * ``k=N``       -- every category at the engine's drafter with N draft tokens (vLLM's static config);
   * ``goodput``   -- specctl's policy: the real :class:`~specctl_vllm.controller.core.brain.Brain` fed with the
-                     recording, asked for its policy at the end (``--timeline`` also lists how its decision
-                     moved along the recording);
+                     recording and asked after every batch as the engine's acks ask it, its last decision
+                     priced (``--timeline`` also lists how its decision moved along the recording);
   * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`specctl_vllm.controller.core.ema_tiers`) stepped through
                      the recorded steps; its time-weighted mix of k;
   * ``oracle``    -- the best static (drafter, k) per category in hindsight, under the same model.
