@@ -17,10 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from specctl_vllm.controller.core import token_traces
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
 from specctl_vllm.controller.core.cost import PRESETS
 from specctl_vllm.controller.core.replay import (
     DEFAULT_KS,
     DEFAULT_POLICIES,
+    REPLAY_LEARNER,
     ReplayError,
     format_report,
     parse_requests,
@@ -28,6 +31,7 @@ from specctl_vllm.controller.core.replay import (
     replay,
     select_model,
 )
+from specctl_vllm.controller.core.replay_path import path_figures
 from specctl_vllm.controller.proposers import PROPOSERS
 from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.recording import RecordingError, read_recording
@@ -63,6 +67,16 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specctl replay", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -86,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")
     p.add_argument("--ema-initial-steps", type=int, default=3, help="EMA tiers' configured steps at start")
     p.add_argument("--timeline", action="store_true", help="also list the goodput policy's decisions over time")
+    p.add_argument("--first-s", type=_seconds, action="append", default=[], metavar="SECONDS",
+                   help="also price the goodput policy's decisions along the recording from a cold start, each batch "
+                        "at the decision it ran under, over the first SECONDS, against every static k over the same "
+                        "batches (repeatable)")
     p.add_argument("--json", type=Path, help="write the full report here as JSON")
     return p
 
@@ -107,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
                         batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
                         timeline=args.timeline, category_floor=args.category_floor)
+        path = _format_path(batches, args) if args.first_s else ""
     except (OSError, RecordingError) as exc:
         print(f"specctl replay: {exc}", file=sys.stderr)
         return 2
@@ -114,10 +133,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specctl replay: {exc}", file=sys.stderr)
         return 2
     print(format_report(report))
+    if path:
+        print(path)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
         print(f"\nwrote {args.json}")
     return 0
+
+
+def _format_path(batches: Sequence[TelemetryBatch], args: argparse.Namespace) -> str:
+    brain = Brain(BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=args.preset,
+                                                             category_floor=args.category_floor or 0.0)))
+    ks = [int(x) for x in args.ks.split(",") if x.strip()]
+    figs = path_figures(batches, brain, preset=args.preset, ks=ks, k_max=args.k_max, windows=args.first_s)
+    out = ["", "goodput policy along the recording from cold, vs the best static k over the same batches:"]
+    for w, f in figs.items():
+        if f.off <= 0:
+            out.append(f"  first {w:g} s ({f.batches} batches): no committed tokens")
+            continue
+        k, best = f.best_static
+        out.append(f"  first {w:g} s ({f.batches} batches): policy {f.goodput / f.off:.3f}x off, best static "
+                   f"k={k} {best / f.off:.3f}x, policy / best static {f.vs_best_static:.3f}")
+    return "\n".join(out)
 
 
 def load_batches(paths: Sequence[Path]) -> list[TelemetryBatch]:

@@ -11,8 +11,8 @@ the proposal length and drafter each policy picks, and the goodput the recorded 
   * ``off``       -- no speculation;
   * ``k=N``       -- every category at the engine's drafter with N draft tokens (vLLM's static config);
   * ``goodput``   -- specctl's policy: the real :class:`~specctl_vllm.controller.core.brain.Brain` fed with the
-                     recording, asked for its policy at the end (``--timeline`` also lists how its decision
-                     moved along the recording);
+                     recording and asked after every batch as the engine's acks ask it, its last decision
+                     priced (``--timeline`` also lists how its decision moved along the recording);
   * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`specctl_vllm.controller.core.ema_tiers`) stepped through
                      the recorded steps; its time-weighted mix of k;
   * ``oracle``    -- the best static (drafter, k) per category in hindsight, under the same model.
@@ -112,8 +112,10 @@ def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, prese
         except IngestRejected:
             rejected += 1
             continue
+        # asked after every batch, as every ack of the live controller carries its policy: what it decided
+        # before (hysteresis, the previous default) is part of the decision, with or without ``timeline``
+        current = _wire_choice(brain, model, spec, now, engine_id)
         if timeline and now >= next_ask:
-            current = _wire_choice(brain, model, spec, now, engine_id)
             if current != last:
                 changes.append({"t_s": round(now - t0, 3),
                                 "categories": {c: f"{m}:{k}" for c, (k, m, _) in sorted(current.items())}})

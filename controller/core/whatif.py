@@ -30,8 +30,9 @@ Where ``E`` and ``D`` come from:
     not modelled (prefix-consistent proposers: n-gram prompt lookup, suffix matching);
   * telemetry alone: ``E(k) = 1 + rho * sum_{i<=k} prod_{j<=i} beta_j`` and ``D(k) = rho * k`` with the
     per-position conditional acceptance ``beta`` of :mod:`specctl_vllm.controller.core.estimator` (real and
-    counterfactual histograms pooled) and ``rho`` the share of request steps that had drafts when the
-    drafter ran (1 for a drafter only scored counterfactually: optimistic).
+    counterfactual histograms pooled) and ``rho`` the drafter's match rate, its asks that drafted, pooled
+    over real runs and counterfactual tries as the policy's learner pools them (:func:`acceptance`; 1 only
+    for a recording that does not report counterfactual tries: optimistic).
 
 Graph-shaped engines (the recording's ``spec.graph_widths`` non-empty) verify one width K for every request of a
 step, and a step costs its (batch bucket, K) cell: for them the rows are priced by the cell table learned from
@@ -132,32 +133,41 @@ def workload_from_telemetry(batches: Sequence[TelemetryBatch]) -> Workload:
 
 def acceptance(batches: Sequence[TelemetryBatch]) -> tuple[dict[str, dict[str, AcceptanceEstimator]],
                                                            dict[str, dict[str, float]]]:
-    """Undecayed per-(category, method) estimators (real + counterfactual) and draft rates of real runs."""
+    """Undecayed per-(category, method) estimators (real + counterfactual) and match rates.
+
+    The match rate pools asks and hits as the controller's learner does: a real run asks the drafter once per
+    request step and hits on the requests that drafted; a counterfactual score asks it
+    ``counterfactual_attempts`` times and hits on the drafts scored. A drafter never asked (a recording
+    without ``counterfactual_attempts``) has no rate: priced as drafting on every ask (optimistic)."""
     engine = _engine_method(batches)
     est: dict[str, dict[str, AcceptanceEstimator]] = defaultdict(dict)
-    reqs: dict[tuple[str, str], float] = defaultdict(float)
-    drafts: dict[tuple[str, str], float] = defaultdict(float)
+    asks: dict[tuple[str, str], float] = defaultdict(float)
+    hits: dict[tuple[str, str], float] = defaultdict(float)
     for b in batches:
         for st in b.steps:
             for cs in st.categories:
                 m = resolve(cs.method, engine)
-                entries = [(m, False, cs.hists)] if m != METHOD_OFF else []
+                entries = [(m, False, cs.hists) if m != METHOD_OFF else None]
                 entries += [(cm, True, hs) for cm, hs in cs.counterfactual.items()]
                 if m != METHOD_OFF:
-                    reqs[(cs.category, m)] += cs.requests
-                    drafts[(cs.category, m)] += sum(h.drafts for h in cs.hists)
-                for method, cf, hs in entries:
-                    if not hs:
+                    asks[(cs.category, m)] += cs.requests
+                    hits[(cs.category, m)] += sum(h.drafts for h in cs.hists)
+                for cm, tried in cs.counterfactual_attempts.items():
+                    asks[(cs.category, cm)] += tried
+                    hits[(cs.category, cm)] += sum(h.drafts for h in cs.counterfactual.get(cm, ()))
+                for entry in entries:
+                    if entry is None or not entry[2]:
                         continue
+                    method, cf, hs = entry
                     e = est[cs.category].get(method)
                     if e is None:
                         e = est[cs.category][method] = AcceptanceEstimator()
                     for h in hs:
                         e.add(h.k, list(h.accepted), cf)
     rates: dict[str, dict[str, float]] = defaultdict(dict)
-    for (c, m), r in reqs.items():
-        if r > 0 and drafts[(c, m)] > 0:
-            rates[c][m] = min(1.0, drafts[(c, m)] / r)
+    for (c, m), a in asks.items():
+        if a > 0:
+            rates[c][m] = min(1.0, hits[(c, m)] / a)
     return dict(est), dict(rates)
 
 

@@ -49,3 +49,21 @@ def test_category_floor_option_is_a_ratio(tmp_path: Path, value: str, ok: bool, 
             replay_cli.main([str(path), "--category-floor", value])
         assert exc.value.code == 2
         assert "--category-floor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("values", "ok"), [(["60"], True), (["0.2", "60"], True), (["0"], False), (["-1"], False),
+                                            (["x"], False), (["inf"], False)])
+def test_first_s_prices_the_policy_along_the_recording(tmp_path: Path, values: list[str], ok: bool, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(b.model_dump_json() for b in _batches(6)))
+    args = [str(path), "--policies", "off"] + [x for v in values for x in ("--first-s", v)]
+    if ok:
+        assert replay_cli.main(args) == 0
+        printed = capsys.readouterr().out
+        assert "along the recording from cold" in printed
+        assert printed.count("policy / best static") + printed.count("no committed tokens") == len(values)
+    else:
+        with pytest.raises(SystemExit) as exc:
+            replay_cli.main(args)
+        assert exc.value.code == 2
+        assert "--first-s" in capsys.readouterr().err

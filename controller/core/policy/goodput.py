@@ -39,7 +39,8 @@ Guardrails, applied on top:
   * min evidence: a drafter is an option for a category only after ``min_evidence`` drafts seen. A
     category not yet measured on the engine's own drafter runs it (k >= 1, priced with the pooled profile
     of all categories) when that takes at most ``explore_window_s``; a category with no eligible drafter
-    keeps the default (the pooled choice, or the engine's static config while the pool lacks evidence);
+    keeps the default (the pooled choice; while the pool lacks evidence, a cold start: the engine's drafter
+    at the best k >= 1 for the prior acceptance at this batch and cost model, :func:`_cold_choice`);
   * hysteresis: a category leaves its previous decision only if the batch gains more than
     ``hysteresis`` times the category's own goodput (so small categories move too, noise does not);
   * probing: a category at k = 0 has ``probe_rate`` of its requests run at ``probe_k`` with a drafter
@@ -80,6 +81,7 @@ from specctl_vllm.controller.core.policy.types import (
     Choice,
     Decision,
     KRow,
+    MethodProfile,
     PolicySnapshot,
 )
 from specctl_vllm.controller.drafters import is_model_free
@@ -95,15 +97,16 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
 
     With an engine drafter: that drafter at the k the pooled profile of all categories earns in this batch
     (so new categories are measured on it, at a cost the batch can afford; k = 0 means probing). Without
-    one: the pooled decision over the model-free drafters. The engine's static config while the pool
-    itself lacks evidence.
+    one: the pooled decision over the model-free drafters. While the pool itself lacks evidence (a cold
+    start): the engine's drafter at the k this batch's cost model (the preset until timings are measured)
+    prices best for the prior acceptance (:func:`_cold_choice`).
     """
     pooled = [p for p in snap.pooled if cand.usable(p, snap, cfg)]
     engine = cand.engine_drafter(snap)
     if engine is not None:
         pooled = [p for p in pooled if p.method == engine]
     if not pooled or snap.k_max <= 0:
-        return cand.static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
+        return _cold_choice(snap, cfg, engine)
     opts = cand.options(pooled, snap.k_max)
     pb = BatchModel(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], cand.extra(snap), snap.cost, snap.k_max,
                   depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
@@ -114,6 +117,29 @@ def _default_choice(snap: PolicySnapshot, cfg: PolicySettings) -> tuple[Choice, 
     k = int(opts.k[j])
     what = f"pooled profile of {engine}" if engine is not None else "pooled decision of all categories"
     return Choice(k, opts.methods[j] if k else METHOD_OFF), what
+
+
+def _cold_choice(snap: PolicySnapshot, cfg: PolicySettings, engine: str | None) -> tuple[Choice, str]:
+    """The default while the pool lacks ``min_evidence`` drafts of the engine's drafter.
+
+    That drafter at the best k >= 1 of the batch model for its pooled posterior so far (the prior acceptance
+    at every position, shrunk toward the few drafts seen; its match rate likewise), at this batch size and cost
+    model: the preset's best static k for a prior acceptance, not the engine's k_max, which on the CPU
+    recording ran 0.94x the best static k. k >= 1 so that the drafter is measured and the cold start ends.
+    No engine drafter (or k_max 0): the engine's static config."""
+    if engine is None or snap.k_max <= 0:
+        return cand.static_choice(snap), f"engine static config (pooled evidence below {cfg.min_evidence:g} drafts)"
+    prof = cand.profile_for(snap.pooled, engine) or MethodProfile(
+        engine, (snap.prior_acceptance,) * snap.k_max, 0.0, False, is_model_free(engine))
+    opts = cand.options([prof], snap.k_max).tail()
+    pb = BatchModel(["_default"], [max(snap.batch_size, 1.0)], [opts], [True], cand.extra(snap), snap.cost, snap.k_max,
+                    depth_factors=snap.depth_factor, mixed_penalty=snap.mixed_penalty)
+    prev_i = cand.index(opts, snap.previous_default)
+    prev = np.array([prev_i]) if prev_i >= 0 else None
+    best, _ = guardrails.hysteresis(pb, search(pb, snap.k_max, prev), prev, cfg.hysteresis)
+    k = int(opts.k[int(best[0])])
+    return Choice(k, engine), (f"cold start (pooled evidence below {cfg.min_evidence:g} drafts): {engine} at the "
+                               f"best k for acceptance {prof.betas[0]:.2f} at batch {pb.n:.1f}")
 
 
 def _best_standalone(cats: list[CategoryInput], snap: PolicySnapshot, cfg: PolicySettings) -> list[tuple[str, float]]:

@@ -67,6 +67,9 @@ class PolicySnapshot:
     #: measured step-time ratio of a decode step whose requests draft different k over a uniform one, at this
     #: batch size (1: no difference, as on a CPU; > 1 on engines that replay full CUDA graphs)
     mixed_penalty: float = 1.0
+    #: probability; conditional acceptance a drafter is priced at before any evidence (the learner's Beta prior
+    #: mean): what the cold-start default is chosen for
+    prior_acceptance: float = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ def policy_snapshot(ms: ModelState | None, book: EngineBook | None, spec: SpecCo
     methods = engine_methods(spec)
     cost = ms.cost.coefficients() if ms else preset
     if ms is None:
-        return PolicySnapshot((), (), 1.0, 0.0, cost, spec.k_max, spec.method, methods)
+        return PolicySnapshot((), (), 1.0, 0.0, cost, spec.k_max, spec.method, methods, prior_acceptance=ls.prior_mean)
     mix = (book.mix if book is not None and book.mix.batch_size else ms.mix).aged(now, ls.mix_half_life_s)
     batch_size = mix.batch_size or 1.0
     shares = mix.shares()
@@ -67,4 +67,4 @@ def policy_snapshot(ms: ModelState | None, book: EngineBook | None, spec: SpecCo
     corr = corrections(ms.cost, batch_size, spec.k_max, spec.full_cuda_graphs)
     return PolicySnapshot(tuple(cats), pooled, batch_size, mix.extra_per_step, cost, spec.k_max, spec.method,
                           methods, prev_default, mix.extra_distribution(), mix.extra_per_committed, corr.depth_factor,
-                          corr.mixed_penalty)
+                          corr.mixed_penalty, ls.prior_mean)

@@ -68,11 +68,37 @@ def test_categories_get_their_own_k():
     assert d["code"].speedup > 1.0
 
 
-def test_min_evidence_keeps_the_engine_default_without_pooled_evidence():
+def _best_k_at(beta: float, batch: float, cost, k_max: int, free: bool) -> int:
+    """Brute force: the k >= 1 with the best goodput of a batch all drafting at conditional acceptance beta."""
+    e = expected_committed((beta,) * k_max)
+    return max(range(1, k_max + 1), key=lambda k: batch * e[k] / cost.step_time(
+        batch, batch * (1 + k), 0 if free else k, batch * k if free else 0))
+
+
+@pytest.mark.parametrize("preset, engine, k_max, batch", [
+    ("h200", "eagle3", 4, 1), ("h200", "eagle3", 8, 16), ("h200", "eagle3", 8, 64), ("cpu", "ngram", 8, 4),
+    ("cpu", "ngram", 8, 16), ("cpu", "ngram", 4, 1),
+])
+def test_cold_start_runs_the_presets_best_k_for_the_prior_acceptance(preset, engine, k_max, batch):
+    """Without pooled evidence a category runs the engine's drafter at the k >= 1 the cost model prices best
+    for the prior acceptance at this batch (not the engine's k_max: at batch 64 on the H200 that is k = 1)."""
+    cost = PRESETS[preset]
+    d = goodput.decide(snap([("new", float(batch), ())], batch, cost=cost, k_max=k_max, engine=engine),
+                       PolicySettings(cost_preset=preset))
+    new = d.by_name()["new"]
+    want = _best_k_at(0.5, float(batch), cost, k_max, engine == "ngram")
+    assert (new.k, new.method, new.source) == (want, engine, "default")
+    assert (d.default.k, d.default.method) == (want, engine)
+    assert "insufficient evidence" in new.reason and "cold start" in new.reason
+
+
+def test_cold_start_prices_the_few_drafts_seen_and_the_prior():
+    """The pool's posterior so far (prior shrunk toward 10 drafts at 0.05) is what the cold k is chosen for:
+    fewer drafts than with the prior alone."""
     cats = [("new", 1.0, (prof(beta=0.05, evidence=10.0),))]
-    d = goodput.decide(snap(cats, 1), CFG).by_name()["new"]
-    assert (d.k, d.method, d.source) == (4, "eagle3", "default")
-    assert "insufficient evidence" in d.reason
+    cold = goodput.decide(snap(cats, 1), CFG).by_name()["new"].k
+    low = goodput.decide(snap(cats, 1, pooled=[prof(beta=0.2, evidence=10.0)]), CFG).by_name()["new"]
+    assert 1 <= low.k < cold <= 4 and low.source == "default"
 
 
 @pytest.mark.parametrize("window, k_new", [(0.0, 0), (10.0, 1)])

@@ -1,0 +1,72 @@
+"""The goodput policy along a recording: decisions per batch, priced run by run against every static k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specctl_vllm.controller.core import replay, replay_path, whatif
+from specctl_vllm.controller.core.brain import Brain
+from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
+from specctl_vllm.controller.core.cost import CPU
+from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS
+from specctl_vllm.controller.recording import read_recording
+from tests.unit.core.test_replay import _batches as synthetic
+from tests.unit.core.test_replay_recordings import RECORDINGS
+
+CONFIG = BrainConfig(replay.REPLAY_LEARNER, PolicySettings(cost_preset="cpu"))
+
+
+def _read(path: Path):
+    return [b for source, lines in read_recording([path]).parts for b in replay.parse_telemetry(lines, source)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_a_path_that_holds_one_static_k_is_priced_as_that_k(k) -> None:
+    batches = synthetic(6)
+    profiles = whatif.telemetry_profiles(batches, list(range(1, 9)))
+    choices = [{"_default": (k, "ngram")}] * len(batches)
+    f = replay_path.price_along(batches, choices, [1, 2, 4], profiles, CPU, NO_CORRECTIONS, "ngram")
+    assert f.goodput == pytest.approx(f.static[k], rel=1e-12)
+    assert f.vs_best_static <= 1.0 + 1e-12
+
+
+def test_the_window_keeps_the_batches_sent_within_it() -> None:
+    batches = synthetic(10)  # one batch every 0.5 s
+    profiles = whatif.telemetry_profiles(batches, [1])
+    choices = [{"_default": (1, "ngram")}] * len(batches)
+    f = replay_path.price_along(batches, choices, [1], profiles, CPU, NO_CORRECTIONS, "ngram", until_s=2.0)
+    assert (f.batches, f.seconds) == (5, 2.0)
+
+
+def test_each_batch_runs_what_was_served_before_it() -> None:
+    """The first batch runs the cold start's default (nothing learned yet); the last runs a decision on evidence."""
+    batches = synthetic(10)
+    choices = replay_path.decisions_along(batches, batches[-1].spec, Brain(CONFIG))
+    assert len(choices) == len(batches)
+    assert set(choices[0]) == {"_default"} and choices[0]["_default"][0] >= 1
+    assert {"code", "chat"} <= set(choices[-1])
+    assert choices[-1]["chat"][0] == 0 < choices[-1]["code"][0]
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
+def test_a_cold_controller_costs_at_most_3_percent_over_the_first_minute(path: Path) -> None:
+    f = replay_path.path_figures(_read(path), Brain(CONFIG), windows=(60.0,))[60.0]
+    assert f.vs_best_static >= 0.97, (f.best_static, f.goodput)
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
+def test_a_restart_from_a_snapshot_starts_warm(path: Path) -> None:
+    """Restored from the snapshot of a pass over the recording, the controller serves decisions on evidence from
+    the first batch of the next pass (a new engine boot) and does at least as well as a cold one."""
+    batches = _read(path)
+    first = Brain(CONFIG)
+    for b in batches:
+        first.ingest(b, b.sent_at)
+    span = batches[-1].sent_at - batches[0].sent_at + 1.0
+    again = [b.model_copy(update={"boot_id": "restart", "sent_at": b.sent_at + span}) for b in batches]
+    warm = replay_path.path_figures(again, Brain.load(first.dump(), CONFIG), windows=(60.0,))[60.0]
+    cold = replay_path.path_figures(batches, Brain(CONFIG), windows=(60.0,))[60.0]
+    assert warm.vs_best_static >= cold.vs_best_static
+    assert warm.vs_best_static >= 1.0
