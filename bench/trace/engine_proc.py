@@ -49,22 +49,26 @@ class ControllerProc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
             except Exception:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
         self.proc = None
 
-    def fresh(self) -> None:
+    def fresh(self, record_dir: Path | None = None) -> None:
+        """Restart with an empty store; ``record_dir``: record what it ingests there (``--record-dir``)."""
         self.stop()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for f in self.state_dir.glob("specctl.db*"):
             f.unlink()
         env = {**os.environ, "SPECCTL_DB": str(self.state_dir / "specctl.db"),
                "SPECCTL_POLICY_COST_PRESET": self.preset}
-        self.proc = start_controller(self.port, "--insecure-dev", env=env, stdout=self.log)
+        # in this process's group: the parent's kill at its deadline takes the controller too
+        extra = ("--record-dir", str(record_dir)) if record_dir is not None else ()
+        self.proc = start_controller(self.port, "--insecure-dev", *extra, env=env, stdout=self.log,
+                                     new_session=False)
         wait_http(self.url + "/readyz", self.proc, timeout_s=30, interval_s=0.2, request_timeout_s=5.0,
                   what="controller")
 
@@ -142,8 +146,8 @@ def config_k(config: str) -> int | None:
 
 
 def one_run(engine, trace: Trace, controller: ControllerProc, config: str, repeat: int, make_request,
-            seed: int) -> dict:
-    controller.fresh()
+            seed: int, record_root: Path | None = None) -> dict:
+    controller.fresh(record_root / f"{config}-r{repeat}" if record_root is not None else None)
     attach_s = controller.wait_attached()
     k = config_k(config)
     if k is not None:
@@ -245,6 +249,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, required=True, help="unix time: no run starts that cannot end by it")
     p.add_argument("--out", type=Path, action="append", required=True)
+    p.add_argument("--record-dir", type=Path, default=None, help="the controller records each run's telemetry here")
     return p.parse_args(argv)
 
 
@@ -254,6 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = [tuple(r) for r in json.loads(args.runs)]
     controller = ControllerProc(args.controller_port, args.state_dir / "controller", args.cost_preset,
                                 args.state_dir / "controller.log")
+    try:
+        return run_all(args, trace, runs, controller)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        controller.stop()
+
+
+def run_all(args: argparse.Namespace, trace: Trace, runs: list, controller: ControllerProc) -> int:
     controller.fresh()  # the engine's reporter attaches while it starts
     t_start = time.time()
     engine = build_engine(args, trace)
@@ -263,28 +278,21 @@ def main(argv: list[str] | None = None) -> int:
         make = chat_requests(json.loads(args.engine_kwargs)["model"], trace.categories)
     else:
         make = token_requests(args.vocab, args.prompt_tokens)
-    # a warm-up at the trace's largest load (graphs, allocator) before the first measured run
+    # a warm-up at the trace's largest load (graphs, allocator, the n-gram JIT) before the first measured run
     warm = parse_trace({"name": "warmup", "phases": [{"name": "warm", "duration_s": 10,
                                                        "concurrency": trace.max_concurrency(),
                                                        "mix": {c: 1 for c in trace.categories}}]})
     TraceLoad(engine, warm, make, seed=10_000).run()
-    try:
-        for config, repeat in runs:
-            if time.time() + trace.duration_s + 15 > args.deadline:
-                print(f"[trace] {config} r{repeat}: not started, deadline", flush=True)
-                break
-            row = one_run(engine, trace, controller, config, repeat, make, args.seed)
-            row["startup_s"] = round(startup_s, 1)
-            append(args.out, row)
-            print(f"[trace] {config} r{repeat}: {row['tokens'] / row['seconds']:.0f} tok/s over "
-                  f"{row['seconds']:.0f} s", flush=True)
-    except Exception:
-        traceback.print_exc()
-        return 1
-    finally:
-        controller.stop()
+    for config, repeat in runs:
+        if time.time() + trace.duration_s + 15 > args.deadline:
+            print(f"[trace] {config} r{repeat}: not started, deadline", flush=True)
+            break
+        row = one_run(engine, trace, controller, config, repeat, make, args.seed, args.record_dir)
+        row["startup_s"] = round(startup_s, 1)
+        append(args.out, row)
+        print(f"[trace] {config} r{repeat}: {row['tokens'] / row['seconds']:.0f} tok/s over "
+              f"{row['seconds']:.0f} s", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -94,6 +94,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-concurrency", type=int, default=None, help="cap every phase's load (CPU smoke tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--controller-port", type=int, default=18091)
+    p.add_argument("--record-dir", type=Path, default=None,
+                   help="the controller records every run's telemetry under DIR/<config>-r<repeat> (specctl replay, "
+                        "bench trace.measured)")
     return p.parse_args(argv)
 
 
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
            "--cost-preset", args.cost_preset, "--seed", str(args.seed), "--deadline", str(t_end)]
     for out in outs:
         cmd += ["--out", str(out)]
+    if args.record_dir is not None:
+        cmd += ["--record-dir", str(args.record_dir)]
     env["SPECCTL_TRACE_PROFILE"] = profile.name
     env["SPECCTL_TRACE_DURATION_S"] = repr(trace.duration_s)
     rc = run_engine_process("trace", cmd, env, args.state_dir / "trace-engine.log", t_end + 20)
