@@ -19,7 +19,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from specctl_vllm.engine_patch import startup
 
-
 #: Whether this process runs the patch; decided once from the installed vLLM version, before the patch's modules
 #: (which name vLLM internals) are imported.
 PATCHED = startup.mode().patched
