@@ -150,7 +150,9 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         scheduler.dynamic_sd_lookup = [engine.k_max] * (config.scheduler_config.max_num_seqs + 1)
     holder = PolicyHolder(engine)
     queue = StepQueue(settings.queue_steps)
-    validator = getattr(scheduler.structured_output_manager, "validate_tokens", None)
+    manager = scheduler.structured_output_manager
+    # 0.30-0.33 name it validate_tokens; 0.34 trim_spec_tokens (same arguments, as vLLM trims its own drafts)
+    validator = getattr(manager, "validate_tokens", None) or getattr(manager, "trim_spec_tokens", None)
     hook = SpecHook(
         engine,
         holder,

@@ -135,6 +135,29 @@ def test_user_batch_size_table_is_kept() -> None:
     assert parent.dynamic_sd_lookup == [0, 4, 2, 2]
 
 
+def _validate(r, t):
+    return t[:1]
+
+
+def _trim(r, t):
+    return t[:2]
+
+
+@pytest.mark.parametrize(
+    ("manager", "expected"),
+    [
+        (SimpleNamespace(validate_tokens=_validate), _validate),  # 0.30-0.33
+        (SimpleNamespace(trim_spec_tokens=_trim), _trim),  # 0.34
+        (SimpleNamespace(), None),  # 0.26-0.29: model-free drafts go unvalidated
+    ],
+)
+def test_model_free_drafts_are_validated_by_the_releases_own_method(manager, expected) -> None:
+    parent = Parent()
+    parent.structured_output_manager = manager
+    rt = build_runtime(parent, EngineSettings.model_validate({"controller_url": "off"}))
+    assert rt.hook.validate_drafts is expected
+
+
 class _Mode:
     def __init__(self, full: bool) -> None:
         self.full = full
