@@ -75,10 +75,12 @@ def engine_spec(vllm_config: Any, num_spec_tokens: int, async_mode: bool) -> Eng
 
 
 def full_cuda_graphs(vllm_config: Any) -> bool:
-    """Whether the engine replays full CUDA graphs for uniform decode batches (not eager, not a CPU build)."""
+    """Whether the engine replays full CUDA graphs for uniform decode batches only (not eager, not a CPU build)."""
     try:
         if getattr(vllm_config.model_config, "enforce_eager", False):
             return False
+        if getattr(getattr(vllm_config, "speculative_config", None), "enable_adaptive_verification", False):
+            return False  # vLLM 0.34 then replays variable-length decode graphs: mixed k keeps its full graph
         if str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cuda")) not in ("cuda", "rocm"):
             return False
         mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)

@@ -166,10 +166,11 @@ class _Mode:
         return self.full
 
 
-def _graph_config(mode, eager: bool = False, device: str = "cuda"):
+def _graph_config(mode, eager: bool = False, device: str = "cuda", adaptive: bool | None = None):
+    spec = None if adaptive is None else SimpleNamespace(method="eagle3", enable_adaptive_verification=adaptive)
     return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
                            device_config=SimpleNamespace(device_type=device),
-                           compilation_config=SimpleNamespace(cudagraph_mode=mode))
+                           compilation_config=SimpleNamespace(cudagraph_mode=mode), speculative_config=spec)
 
 
 @pytest.mark.parametrize(
@@ -183,6 +184,9 @@ def _graph_config(mode, eager: bool = False, device: str = "cuda"):
         (_graph_config("FULL_AND_PIECEWISE"), True),  # a layout without has_full_cudagraphs(): by name
         (_graph_config("PIECEWISE"), False),
         (SimpleNamespace(), False),  # an unknown layout never raises
+        (_graph_config(_Mode(True), adaptive=False), True),
+        # vLLM 0.34's adaptive verification replays variable-length decode graphs: mixed k is not penalised
+        (_graph_config(_Mode(True), adaptive=True), False),
     ],
 )
 def test_full_cuda_graphs_detection(cfg, expected) -> None:
