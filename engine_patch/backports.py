@@ -94,8 +94,6 @@ _TARGETS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
 }
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class Release:
     """One checked vLLM release: the wrappers' targets as read in its sources, and what it has upstream."""
