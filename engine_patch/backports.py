@@ -240,9 +240,21 @@ def engine_widths(vllm_config: Any) -> tuple[int, ...] | None:
     if getattr(spec, "num_speculative_tokens_per_batch_size", None) is not None \
             or getattr(spec, "enable_adaptive_verification", False):
         return None
-    if str(getattr(spec, "method", "") or "") not in AUTOREGRESSIVE_METHODS:
+    if not autoregressive(spec):
         return None
     return graph_widths(k_max)
+
+
+def autoregressive(spec: Any) -> bool:
+    """An autoregressive drafter the width set covers: by method, and from 0.34 (which names each drafter's
+    class) by the class too, as ``method="mtp"`` also names multi-module MTP there."""
+    if str(getattr(spec, "method", "") or "") not in AUTOREGRESSIVE_METHODS:
+        return False
+    try:
+        cls = getattr(getattr(spec, "speculator_config", None), "speculator_class", None)
+    except Exception:  # noqa: BLE001 - a property of vLLM's config that cannot resolve: not one we know
+        return False
+    return cls is None or cls in backports_v034.AUTOREGRESSIVE_SPECULATORS
 
 
 def _install(st: BackportStatus) -> None:
@@ -372,8 +384,6 @@ def graph_shaped(vllm_config: Any) -> bool:
         spec = vllm_config.speculative_config
         if getattr(spec, "enable_adaptive_verification", False):
             return False  # vLLM sizes each request's verify budget on variable-length graphs; the patch caps
-        method = str(getattr(spec, "method", "") or "")
-        return method in AUTOREGRESSIVE_METHODS and getattr(spec, "num_speculative_tokens_per_batch_size",
-                                                                None) is None
+        return autoregressive(spec) and getattr(spec, "num_speculative_tokens_per_batch_size", None) is None
     except AttributeError:
         return False

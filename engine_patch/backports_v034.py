@@ -77,6 +77,12 @@ WRAPPED = {
     "graph_widths": ("vllm.config.vllm", "VllmConfig.get_decode_cudagraph_query_lens"),
     "honour_width": (f"{_AR}.cudagraph_utils", "SpeculatorCudaGraphManager.capture"),
 }
+#: The drafters whose decode loop the two rewrites were read for (``SpeculatorConfig.speculator_class``): EAGLE,
+#: EAGLE-3 and single-module MTP. Multi-module MTP (also ``method="mtp"``) has a graph manager of its own.
+AUTOREGRESSIVE_SPECULATORS = (
+    "vllm.v1.worker.gpu.spec_decode.eagle.speculator.EagleSpeculator",
+    "vllm.v1.worker.gpu.spec_decode.mtp.speculator.MTPSpeculator",
+)
 #: The descriptor class vLLM specialises drafter decode graphs with.
 DESCRIPTOR = (f"{_AR}.cudagraph_utils", "SpeculatorBatchDescriptor")
 FUSED_DECODE = "_fused_multi_step_decode"

@@ -76,6 +76,8 @@ AITER_FA = "vllm/v1/attention/backends/rocm_aiter_fa.py"
 # vLLM's adaptive verification (0.34): how its per-request verify budget meets the patch's per-request caps.
 ADAPTIVE = "vllm/v1/worker/gpu/spec_decode/adaptive_verification.py"
 ESTIMATOR = "vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py"
+# The drafter classes the 0.34 width backports cover, named by each speculator's config.
+DRAFTER_CONFIGS = ("vllm/v1/worker/gpu/spec_decode/eagle/config.py", "vllm/v1/worker/gpu/spec_decode/mtp/config.py")
 
 
 def module_path(module: str) -> str:
@@ -89,7 +91,7 @@ BACKPORT_FILES = tuple(sorted({module_path(module) for release in backports.RELE
 FILES = tuple(dict.fromkeys((
     SCHED, ASYNC, OUTPUT, REQUEST, OUTPUTS, MRV1, MRV2, STRUCT, SAMPLING, CONF_SCHED, CONF_VLLM, CONF_SPEC, CONF_PAR,
     CONF_MODEL, CONF_COMP, CONF_DEVICE, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS, AITER_FA,
-    ADAPTIVE, ESTIMATOR, *BACKPORT_FILES)))
+    ADAPTIVE, ESTIMATOR, *DRAFTER_CONFIGS, *BACKPORT_FILES)))
 
 
 class SourceError(Exception):
@@ -700,6 +702,14 @@ CHECKS: tuple[Check, ...] = (
           text_in(ADAPTIVE, r"tl\.where\(step < capacity,", "step < capacity mask"), since=(0, 34),
           fallback="not checked before 0.34"),
     *backport_checks(),
+    Check("SpeculativeConfig.speculator_config", "backports.autoregressive reads its speculator_class",
+          has_member(CONF_SPEC, "SpeculativeConfig", "speculator_config"), since=(0, 34), until=(0, 35),
+          fallback="other releases: the method alone decides"),
+    *(Check(f"speculator_class = {name.rsplit('.', 1)[1]}", "backports_v034.AUTOREGRESSIVE_SPECULATORS",
+            text_in(DRAFTER_CONFIGS, r"speculator_class = \(?\s*\"" + re.escape(name) + '"',
+                    f"speculator_class {name}"),
+            since=(0, 34), until=(0, 35), fallback="other releases: the method alone decides")
+      for name in backports.backports_v034.AUTOREGRESSIVE_SPECULATORS),
     # ROCm deploy files: speculation on the AITER flash-attention backend.
     Check("--attention-backend option", "deploy ROCm files pass --attention-backend=ROCM_AITER_FA",
           text_in(ARG_UTILS, r"[\"']--attention-backend[\"']", "--attention-backend argument")),

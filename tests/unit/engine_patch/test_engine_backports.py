@@ -209,9 +209,11 @@ def test_dispatch_of_a_mixed_batch_finds_a_graph_at_every_staged_count() -> None
 
 
 def _config(method="eagle3", table=None, adaptive=False, scheduler=backports.SPECCTL_SCHEDULER_PREFIX + ".SpecctlScheduler",
-            k=7):
+            k=7, cls=None):
     spec = SimpleNamespace(method=method, num_speculative_tokens_per_batch_size=table,
                            enable_adaptive_verification=adaptive)
+    if cls is not None:  # 0.34's SpeculativeConfig.speculator_config names the drafter's class
+        spec.speculator_config = SimpleNamespace(speculator_class=cls)
     return SimpleNamespace(speculative_config=spec, num_speculative_tokens=k,
                            scheduler_config=SimpleNamespace(scheduler_cls=scheduler))
 
@@ -226,6 +228,10 @@ def _config(method="eagle3", table=None, adaptive=False, scheduler=backports.SPE
         (_config(method="dflash"), None),
         (_config(scheduler="vllm.v1.core.sched.scheduler.Scheduler"), None),
         (_config(k=0), None),
+        (_config(method="mtp", k=3, cls="vllm.v1.worker.gpu.spec_decode.mtp.speculator.MTPSpeculator"),
+         (0, 1, 2, 3)),
+        # multi-module MTP is also method="mtp" on 0.34, with a graph manager of its own: not covered
+        (_config(method="mtp", cls="vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator.X"), None),
     ],
 )
 def test_engine_widths(config, widths) -> None:
