@@ -6,6 +6,13 @@ the installed vLLM is exactly a release listed in :data:`CHECKED` and the wrappe
 the lines the wrapper relies on (read at start-up with :mod:`inspect`). Anything else turns every backport off
 with one log line; the engine then runs its static speculative config, as without the patch.
 
+Releases (:data:`RELEASES`): 0.26.0, the four below; 0.34.0, where two are upstream and two rewritten
+(:mod:`specctl_vllm.engine_patch.backports_v034` says which and why, with the lines read). 0.27-0.33 get none:
+never read against their runners. With vLLM's adaptive verification on (0.34), the engine is not graph-shaped
+and no backport changes it (:func:`graph_shaped`).
+
+The four, as written against 0.26.0:
+
 ``drafter_graphs`` (upstream PR #48329)
     With a batch-size K table, the drafter's decode-graph manager (one token per request) applies the table's
     K values to its own query length (1 + K - k_max: 1, -1, -3 ...) and capture asserts. The drafter's decode
@@ -46,7 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specctl_vllm.engine_patch import versions
+from specctl_vllm.engine_patch import backports_v034, versions
+from specctl_vllm.engine_patch.backports_v026 import full_graphs_first
 from specctl_vllm.engine_patch.settings import load_graph_settings
 
 logger = logging.getLogger("vllm.specctl.backports")
@@ -55,8 +63,6 @@ ENV = "SPECCTL_BACKPORTS"
 WIDTHS_ENV = "SPECCTL_GRAPH_WIDTHS"
 DRAFT_AT_ZERO_ENV = "SPECCTL_DRAFT_AT_ZERO"
 NAMES = ("drafter_graphs", "graph_widths", "full_graph_dispatch", "honour_width")
-#: Releases whose sources the wrappers were written against (exact versions: a patch release may move code).
-CHECKED = ("0.26.0",)
 #: Default width set: plain decoding, the short widths where speculation still pays at large batches, and k_max.
 DEFAULT_WIDTHS = (0, 1, 2, 4)
 SPECCTL_SCHEDULER_PREFIX = "specctl_vllm.engine_patch.scheduler"
@@ -89,14 +95,37 @@ _TARGETS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class Release:
+    """One checked vLLM release: the wrappers' targets as read in its sources, and what it has upstream."""
+
+    targets: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]]
+    upstream: dict[str, str]
+
+
+#: Releases whose sources the wrappers were read against (exact versions: a patch release may move code).
+RELEASES = {
+    "0.26.0": Release(targets=_TARGETS, upstream={}),
+    backports_v034.RELEASE: Release(targets=backports_v034.TARGETS, upstream=backports_v034.UPSTREAM),
+}
+CHECKED = tuple(RELEASES)
+
+
+@dataclass(frozen=True, kw_only=True)
 class BackportStatus:
-    """What the plugin applied in this process, and why the rest was not."""
+    """What the plugin applied in this process, what the release has upstream, and why the rest was not."""
 
     applied: tuple[str, ...]
     problem: str | None = None
+    upstream: tuple[str, ...] = ()
+    release: str | None = None
 
     def has(self, name: str) -> bool:
+        """Applied by the patch in this process."""
         return name in self.applied
+
+    def provides(self, name: str) -> bool:
+        """The engine has it: applied here, or vLLM's own."""
+        return name in self.applied or name in self.upstream
 
 
 def requested(environ: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -130,9 +159,10 @@ def _resolve(module: str, qualname: str) -> tuple[Any, str, Callable]:
     return owner, parts[-1], getattr(owner, parts[-1])
 
 
-def source_problem(name: str) -> str | None:
-    """None when every function the backport wraps exists and still holds the lines it relies on."""
-    for module, qualname, needles in _TARGETS[name]:
+def source_problem(name: str, targets: dict | None = None) -> str | None:
+    """None when every function the backport wraps exists and still holds the lines it relies on (``targets``:
+    the release's table, default 0.26.0's)."""
+    for module, qualname, needles in (_TARGETS if targets is None else targets)[name]:
         try:
             _, _, fn = _resolve(module, qualname)
             text = inspect.getsource(inspect.unwrap(fn))
@@ -151,14 +181,17 @@ def status() -> BackportStatus:
     if not wanted:
         return BackportStatus(applied=(), problem=f"{ENV}=off")
     version = versions.installed_version()
-    if version not in CHECKED:
+    release = RELEASES.get(version or "")
+    if release is None:
         return BackportStatus(applied=(), problem=f"vLLM {version} is not a release the backports were checked "
                                                    f"against ({', '.join(CHECKED)})")
-    for name in wanted:
-        problem = source_problem(name)
+    upstream = tuple(n for n in NAMES if n in release.upstream)
+    here = tuple(n for n in wanted if n in release.targets)
+    for name in here:
+        problem = source_problem(name, release.targets)
         if problem:
-            return BackportStatus(applied=(), problem=problem)
-    return BackportStatus(applied=wanted)
+            return BackportStatus(applied=(), problem=problem, release=version)
+    return BackportStatus(applied=here, upstream=upstream, release=version)
 
 
 @functools.cache
@@ -169,12 +202,59 @@ def apply() -> BackportStatus:
         logger.info("specctl: model-runner backports off: %s; engines run their static speculative config", st.problem)
         return st
     try:
-        _install(st)
+        if st.release == backports_v034.RELEASE:
+            _install_v034(st)
+        else:
+            _install(st)
     except Exception as exc:  # noqa: BLE001 - a plugin must never break the process that loads it
         logger.warning("specctl: model-runner backports off: %s: %s", type(exc).__name__, exc)
         return BackportStatus(applied=(), problem=f"install failed: {type(exc).__name__}: {exc}")
-    logger.info("specctl: model-runner backports applied: %s", ", ".join(st.applied))
+    upstream = f"; in vLLM {st.release} itself: {', '.join(st.upstream)}" if st.upstream else ""
+    logger.info("specctl: model-runner backports applied: %s%s", ", ".join(st.applied) or "none", upstream)
+    if st.release == backports_v034.RELEASE and skip_draft_at_zero():
+        logger.warning("specctl: %s=skip has no effect on vLLM %s: a K=0 step runs vLLM's own first drafter pass",
+                       DRAFT_AT_ZERO_ENV, st.release)
     return st
+
+
+def _install_v034(st: BackportStatus) -> None:
+    import importlib
+
+    if st.has("graph_widths"):
+        owner, attr, original = _resolve(*backports_v034.WRAPPED["graph_widths"])
+        setattr(owner, attr, backports_v034.wrap_query_lens(original, engine_widths))
+    if st.has("honour_width"):
+        module, name = backports_v034.DESCRIPTOR
+        descriptor = getattr(importlib.import_module(module), name)
+        owner, attr, original = _resolve(*backports_v034.WRAPPED["honour_width"])
+        setattr(owner, attr, backports_v034.wrap_speculator_capture(original, engine_widths, descriptor))
+
+
+def engine_widths(vllm_config: Any) -> tuple[int, ...] | None:
+    """The width set of an engine the width backports serve (0.34), else None: an autoregressive drafter under the
+    patch's scheduler, with no batch-size table (vLLM's to apply) and no adaptive verification (vLLM's graphs)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    k_max = int(getattr(vllm_config, "num_speculative_tokens", 0) or 0)
+    if spec is None or k_max <= 0 or not uses_patch_scheduler(vllm_config):
+        return None
+    if getattr(spec, "num_speculative_tokens_per_batch_size", None) is not None \
+            or getattr(spec, "enable_adaptive_verification", False):
+        return None
+    if not autoregressive(spec):
+        return None
+    return graph_widths(k_max)
+
+
+def autoregressive(spec: Any) -> bool:
+    """An autoregressive drafter the width set covers: by method, and from 0.34 (which names each drafter's
+    class) by the class too, as ``method="mtp"`` also names multi-module MTP there."""
+    if str(getattr(spec, "method", "") or "") not in AUTOREGRESSIVE_METHODS:
+        return False
+    try:
+        cls = getattr(getattr(spec, "speculator_config", None), "speculator_class", None)
+    except Exception:  # noqa: BLE001 - a property of vLLM's config that cannot resolve: not one we know
+        return False
+    return cls is None or cls in backports_v034.AUTOREGRESSIVE_SPECULATORS
 
 
 def _install(st: BackportStatus) -> None:
@@ -251,48 +331,6 @@ def _wrap_init_candidates(original: Callable, st: BackportStatus) -> Callable:
     return _init_candidates
 
 
-def full_graphs_first(candidates: dict, capture_descs: dict) -> None:
-    """For every staged token count, the smallest full graph of each captured width that can hold it, ahead of
-    the entries vLLM staged there; and, where vLLM staged only decode graphs, the smallest mixed-batch graph that
-    holds the count behind them (pure on the two dicts; mutates ``candidates``, never the lists it holds, which
-    vLLM shares between token counts).
-
-    The second part closes holes the width set opens: vLLM stages a decode graph of width K at
-    ``round_up(size, 1 + K)`` for each capture size, so with widths 2 and 4 it stages counts such as 66 or 75
-    with decode graphs only, and a mixed batch (prompt chunks beside decodes) of 65-66 or 73-75 tokens found no
-    piecewise graph there and ran eager, where a plain engine runs the piecewise graph of the next capture size
-    (111 of the 512 counts up to 512 at 256 requests, read from 0.26's ``_init_candidates``)."""
-    def tokens(d: Any) -> int:
-        return d.num_tokens
-
-    descs = [d for group in capture_descs.values() for d in group]
-    full = [d for d in descs
-            if getattr(d, "uniform_token_count", None) is not None and getattr(d, "num_reqs", None) is not None]
-    mixed = sorted((d for d in descs if hasattr(d, "uniform_token_count") and d.uniform_token_count is None),
-                   key=tokens)
-    by_width: dict[tuple[int, int], list] = {}
-    for d in full:
-        by_width.setdefault((d.uniform_token_count, d.num_active_loras), []).append(d)
-    for group in by_width.values():
-        group.sort(key=tokens)
-    for (num_tokens, loras), staged in candidates.items():
-        extra = []
-        for (_, w_loras), group in by_width.items():
-            if w_loras != loras:
-                continue
-            best = next((d for d in group if d.num_tokens >= num_tokens), None)
-            if best is not None and best not in staged:
-                extra.append(best)
-        kept_full = [d for d in staged if d in full]
-        rest = [d for d in staged if d not in full]
-        if not any(getattr(d, "uniform_token_count", 0) is None for d in rest):
-            fallback = next((d for d in mixed if d.num_tokens >= num_tokens and d.num_active_loras == loras), None)
-            if fallback is not None:
-                rest.append(fallback)
-        if extra or len(kept_full) + len(rest) != len(staged):
-            candidates[(num_tokens, loras)] = kept_full + sorted(extra, key=tokens) + rest
-
-
 # -- the drafter honours the scheduled width ----------------------------------------------------------------------
 WIDTH_ATTR = "_specctl_width"
 
@@ -337,14 +375,15 @@ def graph_shaped(vllm_config: Any) -> bool:
     """Whether this engine runs one width per step on captured full graphs: model runner V2 with full CUDA
     graphs, an autoregressive drafter, and the width backports applied."""
     st = apply()
-    if not (st.has("graph_widths") and st.has("full_graph_dispatch")):
+    if not (st.provides("graph_widths") and st.provides("full_graph_dispatch")):
         return False
     try:
-        if not getattr(vllm_config, "use_v2_model_runner", False):
+        # 0.34 has no V1 GPU runner (and no flag): V2 is the runner there
+        if not getattr(vllm_config, "use_v2_model_runner", st.release == backports_v034.RELEASE):
             return False
         spec = vllm_config.speculative_config
-        method = str(getattr(spec, "method", "") or "")
-        return method in AUTOREGRESSIVE_METHODS and getattr(spec, "num_speculative_tokens_per_batch_size",
-                                                                None) is None
+        if getattr(spec, "enable_adaptive_verification", False):
+            return False  # vLLM sizes each request's verify budget on variable-length graphs; the patch caps
+        return autoregressive(spec) and getattr(spec, "num_speculative_tokens_per_batch_size", None) is None
     except AttributeError:
         return False

@@ -664,9 +664,11 @@ class SpecHook:
             return
         invalid = getattr(output, "num_invalid_spec_tokens", None)
         sampled = runner_output.sampled_token_ids
-        index = runner_output.req_id_to_index
         ns = self.num_sampled
         n_sampled = len(sampled) if sampled else 0
+        index = getattr(runner_output, "req_id_to_index", None)
+        if index is None and n_sampled:  # vLLM 0.34 dropped the map: sampled rows follow req_ids, as vLLM reads them
+            index = {rid: i for i, rid in enumerate(runner_output.req_ids)}
         draft_tokens = 0
         # The hottest loop of the patch (every scheduled request, every step): locals, dict lookups, no calls
         # on the common path.

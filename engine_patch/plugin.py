@@ -1,7 +1,8 @@
 """``vllm.general_plugins`` entry point (``specctl = "specctl_vllm.engine_patch.plugin:register"``).
 
 vLLM calls :func:`register` in every process it starts (API server, EngineCore, workers), possibly more than
-once. It checks the vLLM version and logs once per process, and applies the model-runner backports of
+once. It takes the start-up decision of :mod:`specctl_vllm.engine_patch.startup` (a vLLM outside the supported range
+runs stock, with one log line per process), and applies the model-runner backports of
 :mod:`specctl_vllm.engine_patch.backports` where the installed vLLM is exactly a release they were checked against (their
 sources are verified first; otherwise they stay off with one log line). It never raises, so installing the
 package can never break a vLLM process. The patch itself is switched on with ``--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler``
@@ -11,10 +12,9 @@ specctl_vllm.engine_patch.middleware.CategoryMiddleware``).
 
 from __future__ import annotations
 
-import functools
 import logging
 
-from specctl_vllm.engine_patch import backports, versions
+from specctl_vllm.engine_patch import backports, startup
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.plugin")
@@ -23,19 +23,13 @@ logger = logging.getLogger("vllm.specctl.plugin")
 def register() -> None:
     """Idempotent, cheap, never raises."""
     try:
-        _check_version_once()
+        patched = startup.mode().patched
     except Exception:  # a plugin must never break the process that loads it
         logger.debug("specctl: version check failed", exc_info=True)
+        return
+    if not patched:
+        return  # the stock engine: no backport either (startup logged why)
     try:
         backports.apply()
     except Exception:  # a plugin must never break the process that loads it
         logger.debug("specctl: backports failed", exc_info=True)
-
-
-@functools.cache
-def _check_version_once() -> str | None:
-    problem = versions.support_problem(versions.installed_version())
-    if problem:
-        logger.warning("specctl: %s; the engine patch will refuse to load (set %s=1 to try anyway)",
-                       problem, versions.ALLOW_ENV)
-    return problem

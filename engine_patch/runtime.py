@@ -75,10 +75,12 @@ def engine_spec(vllm_config: Any, num_spec_tokens: int, async_mode: bool) -> Eng
 
 
 def full_cuda_graphs(vllm_config: Any) -> bool:
-    """Whether the engine replays full CUDA graphs for uniform decode batches (not eager, not a CPU build)."""
+    """Whether the engine replays full CUDA graphs for uniform decode batches only (not eager, not a CPU build)."""
     try:
         if getattr(vllm_config.model_config, "enforce_eager", False):
             return False
+        if getattr(getattr(vllm_config, "speculative_config", None), "enable_adaptive_verification", False):
+            return False  # vLLM 0.34 then replays variable-length decode graphs: mixed k keeps its full graph
         if str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cuda")) not in ("cuda", "rocm"):
             return False
         mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
@@ -150,7 +152,9 @@ def build_runtime(scheduler: Any, settings: EngineSettings | None = None) -> Spe
         scheduler.dynamic_sd_lookup = [engine.k_max] * (config.scheduler_config.max_num_seqs + 1)
     holder = PolicyHolder(engine)
     queue = StepQueue(settings.queue_steps)
-    validator = getattr(scheduler.structured_output_manager, "validate_tokens", None)
+    manager = scheduler.structured_output_manager
+    # 0.30-0.33 name it validate_tokens; 0.34 trim_spec_tokens (same arguments, as vLLM trims its own drafts)
+    validator = getattr(manager, "validate_tokens", None) or getattr(manager, "trim_spec_tokens", None)
     hook = SpecHook(
         engine,
         holder,

@@ -2,8 +2,9 @@
 
 Use ``--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler``. It becomes :class:`SpecctlAsyncScheduler`
 by itself when vLLM runs with async scheduling (the GPU default), so one flag fits every engine; both share
-:class:`SpecctlMixin`. Supported vLLM: see :mod:`specctl_vllm.engine_patch.versions` (outside the range the import fails
-with a clear message, unless ``SPECCTL_ALLOW_UNSUPPORTED_VLLM=1``).
+:class:`SpecctlMixin`. Supported vLLM: see :mod:`specctl_vllm.engine_patch.versions`. Outside the range the two names
+are vLLM's own scheduler classes without the mixin, and the process logs one line saying so
+(:mod:`specctl_vllm.engine_patch.startup`; ``SPECCTL_ALLOW_UNSUPPORTED_VLLM=1`` loads the patch anyway).
 
 What the classes do each step is in :mod:`specctl_vllm.engine_patch.runtime` (the guarded mixin) and
 :mod:`specctl_vllm.engine_patch.hook` (the per-step work); this module only binds them to vLLM's classes.
@@ -11,29 +12,29 @@ What the classes do each step is in :mod:`specctl_vllm.engine_patch.runtime` (th
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-from specctl_vllm.engine_patch import versions
-
-_problem = versions.support_problem(versions.installed_version())
-if _problem and not versions.unsupported_allowed():
-    raise ImportError(
-        f"specctl engine patch: {_problem}. Install a supported vLLM or set {versions.ALLOW_ENV}=1 to try anyway."
-    )
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from specctl_vllm.engine_patch.runtime import SpecctlMixin
+from specctl_vllm.engine_patch import startup
 
-# Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
-logger = logging.getLogger("vllm.specctl.engine")
-if _problem:
-    logger.warning("specctl: %s; running anyway (%s=1)", _problem, versions.ALLOW_ENV)
+#: Whether this process runs the patch; decided once from the installed vLLM version, before the patch's modules
+#: (which name vLLM internals) are imported.
+PATCHED = startup.mode().patched
 
 
-class SpecctlScheduler(SpecctlMixin, Scheduler):
+class _StockEngine:
+    """Stands in for the mixin on a vLLM the patch does not know: the scheduler is vLLM's, unchanged."""
+
+
+if PATCHED:
+    from specctl_vllm.engine_patch.runtime import SpecctlMixin as _Mixin
+else:
+    _Mixin = _StockEngine
+
+
+class SpecctlScheduler(_Mixin, Scheduler):
     """The patched synchronous scheduler; instantiates :class:`SpecctlAsyncScheduler` under async scheduling."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:

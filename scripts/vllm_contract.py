@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specctl_vllm.engine_patch import versions  # no vLLM import: versions reads package metadata only
+from specctl_vllm.engine_patch import backports, versions  # no vLLM import: metadata and tables only
 
 SIMPLE_INDEX = "https://pypi.org/simple/vllm/"
 CACHE = ROOT / ".cache" / "vllm-sources"
@@ -73,9 +73,25 @@ ROCM = "vllm/platforms/rocm.py"
 BACKENDS = "vllm/v1/attention/backends/registry.py"
 AITER_FA = "vllm/v1/attention/backends/rocm_aiter_fa.py"
 
-FILES = (SCHED, ASYNC, OUTPUT, REQUEST, OUTPUTS, MRV1, MRV2, STRUCT, SAMPLING, CONF_SCHED, CONF_VLLM, CONF_SPEC,
-         CONF_PAR, CONF_MODEL, CONF_COMP, CONF_DEVICE, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS,
-         AITER_FA)
+# vLLM's adaptive verification (0.34): how its per-request verify budget meets the patch's per-request caps.
+ADAPTIVE = "vllm/v1/worker/gpu/spec_decode/adaptive_verification.py"
+ESTIMATOR = "vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py"
+# The drafter classes the 0.34 width backports cover, named by each speculator's config.
+DRAFTER_CONFIGS = ("vllm/v1/worker/gpu/spec_decode/eagle/config.py", "vllm/v1/worker/gpu/spec_decode/mtp/config.py")
+
+
+def module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+#: The files the model-runner backports wrap, per release they were read against (engine_patch/backports.py).
+BACKPORT_FILES = tuple(sorted({module_path(module) for release in backports.RELEASES.values()
+                               for targets in release.targets.values() for module, _, _ in targets}))
+
+FILES = tuple(dict.fromkeys((
+    SCHED, ASYNC, OUTPUT, REQUEST, OUTPUTS, MRV1, MRV2, STRUCT, SAMPLING, CONF_SCHED, CONF_VLLM, CONF_SPEC, CONF_PAR,
+    CONF_MODEL, CONF_COMP, CONF_DEVICE, CORE, PLUGINS, *CLI_ARGS, *CHAT_PROTOCOL, ARG_UTILS, ROCM, BACKENDS, AITER_FA,
+    ADAPTIVE, ESTIMATOR, *DRAFTER_CONFIGS, *BACKPORT_FILES)))
 
 
 class SourceError(Exception):
@@ -227,7 +243,7 @@ def from_release(version: str, cache: Path = CACHE, platform_tag: str = "manylin
 
 #: The releases ``make check`` reads: every PyPI release of vLLM in the supported range (as of 2026-12-01).
 #: A test keeps it covering every minor version ``specctl_vllm.engine_patch.versions`` accepts; add new releases here.
-RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 
 
 def supported_releases() -> list[str]:
@@ -316,12 +332,22 @@ class Check:
     #: miss is reported as "n/a", not as a failure.
     since: tuple[int, int] | None = None
     fallback: str = ""
+    #: Required before this (major, minor) only: from it on the patch does without (``fallback`` says how).
+    until: tuple[int, int] | None = None
 
     def required_for(self, version: str | None) -> bool:
-        if self.since is None:
-            return True
         parsed = versions.parse_version(version or "")
-        return parsed is None or parsed >= self.since
+        if parsed is None:
+            return True
+        return (self.since is None or parsed >= self.since) and (self.until is None or parsed < self.until)
+
+    def scope(self) -> str:
+        """The releases it is required for, in words."""
+        low = ".".join(map(str, self.since)) if self.since else ""
+        high = ".".join(map(str, self.until)) if self.until else ""
+        if low and high:
+            return f"required for {low} <= vLLM < {high}"
+        return f"required from {low}" if low else f"required before {high}"
 
 
 def has_class(path: str, cls: str, base: str | None = None) -> Callable[[Sources], Result]:
@@ -459,6 +485,37 @@ def any_of(*runs: Callable[[Sources], Result]) -> Callable[[Sources], Result]:
     return run
 
 
+def method_holds(path: str, qualname: str, needles: tuple[str, ...]) -> Callable[[Sources], Result]:
+    """``Class.method``'s source (``qualname``) holds every line of ``needles``, as a backport reads it with
+    :func:`inspect.getsource` at start-up."""
+    cls, method = qualname.split(".")
+
+    def run(src: Sources) -> Result:
+        func, problem = _method_nodes(src, path, cls, method)
+        if func is None:
+            return Result(False, path, problem)
+        text = ast.get_source_segment(src.files[path], func) or ""
+        missing = [n for n in needles if n not in text]
+        if missing:
+            return Result(False, f"{path}:{func.lineno}", f"{qualname} no longer holds {missing[0]!r}")
+        return Result(True, f"{path}:{func.lineno}", qualname)
+    return run
+
+
+def backport_checks() -> tuple[Check, ...]:
+    """One check per function a backport wraps or relies on, required for the release it was read against."""
+    checks = []
+    for release, table in backports.RELEASES.items():
+        minor = versions.parse_version(release)
+        for name, targets in table.targets.items():
+            for module, qualname, needles in targets:
+                checks.append(Check(
+                    f"backport {name} ({release}): {qualname}", f"engine_patch/backports.py {name}",
+                    method_holds(module_path(module), qualname, needles), since=minor, until=(minor[0], minor[1] + 1),
+                    fallback=f"read against vLLM {release} only; other releases get none of it"))
+    return tuple(checks)
+
+
 S = "Scheduler"
 SO = "SchedulerOutput"
 
@@ -526,9 +583,10 @@ CHECKS: tuple[Check, ...] = (
           has_member(SCHED, S, "num_sampled_tokens_per_step")),
     Check("Scheduler.structured_output_manager", "runtime: validate_tokens for model-free drafts",
           has_member(SCHED, S, "structured_output_manager")),
-    Check("StructuredOutputManager.validate_tokens(self, request, spec_tokens)",
-          "hook._draft_model_free validates model-free drafts",
-          has_method(STRUCT, "StructuredOutputManager", "validate_tokens", ("self", "request", "spec_tokens")),
+    Check("StructuredOutputManager.validate_tokens / trim_spec_tokens(self, request, spec_tokens)",
+          "hook._draft_model_free validates model-free drafts (runtime.build_runtime takes either name)",
+          any_of(has_method(STRUCT, "StructuredOutputManager", "validate_tokens", ("self", "request", "spec_tokens")),
+                 has_method(STRUCT, "StructuredOutputManager", "trim_spec_tokens", ("self", "request", "spec_tokens"))),
           since=(0, 30), fallback="runtime.build_runtime finds no validator (getattr -> None): model-free drafts of "
           "structured-output requests go unvalidated to verification"),
     Check("Scheduler.dynamic_sd_lookup", "runtime.build_runtime installs the constant K table",
@@ -554,8 +612,11 @@ CHECKS: tuple[Check, ...] = (
     )),
     Check("NewRequestData.req_id", "hook.after_schedule", has_member(OUTPUT, "NewRequestData", "req_id")),
     # update_from_output's arithmetic the hook mirrors.
-    Check("update_from_output reads model_runner_output.req_id_to_index", "hook.observe",
-          in_method(SCHED, S, "update_from_output", "req_id_to_index read", reads("model_runner_output.req_id_to_index"))),
+    Check("update_from_output finds sampled rows by req_id_to_index, or by the order of req_ids",
+          "hook.observe reads them the same way (req_ids from 0.34)",
+          any_of(in_method(SCHED, S, "update_from_output", "req_id_to_index read",
+                           reads("model_runner_output.req_id_to_index")),
+                 in_method(SCHED, S, "update_from_output", "req_ids read", reads("model_runner_output.req_ids")))),
     Check("update_from_output reads model_runner_output.sampled_token_ids", "hook.observe",
           in_method(SCHED, S, "update_from_output", "sampled_token_ids read",
                     reads("model_runner_output.sampled_token_ids"))),
@@ -563,7 +624,9 @@ CHECKS: tuple[Check, ...] = (
           in_method(SCHED, S, "update_from_output", "self.num_sampled_tokens_per_step read",
                     reads("self.num_sampled_tokens_per_step"))),
     Check("ModelRunnerOutput.sampled_token_ids", "hook.observe", has_member(OUTPUTS, "ModelRunnerOutput", "sampled_token_ids")),
-    Check("ModelRunnerOutput.req_id_to_index", "hook.observe", has_member(OUTPUTS, "ModelRunnerOutput", "req_id_to_index")),
+    Check("ModelRunnerOutput.req_id_to_index or .req_ids", "hook.observe",
+          any_of(has_member(OUTPUTS, "ModelRunnerOutput", "req_id_to_index"),
+                 has_member(OUTPUTS, "ModelRunnerOutput", "req_ids"))),
     # Request attributes (engine_patch/hook.py, categories.py).
     *(Check(f"Request.{name}", why, has_member(REQUEST, "Request", name)) for name, why in (
         ("request_id", "hook: probe selection"),
@@ -615,11 +678,38 @@ CHECKS: tuple[Check, ...] = (
           has_method(CONF_COMP, "CUDAGraphMode", "has_full_cudagraphs")),
     # Model runners: the depth the patch sets is the depth the drafter drafts.
     Check("V1 model runner drafts num_spec_tokens_to_schedule", "hook.after_schedule lowers drafting work",
-          text_in(MRV1, r"scheduler_output\.num_spec_tokens_to_schedule", "read of num_spec_tokens_to_schedule")),
+          text_in(MRV1, r"scheduler_output\.num_spec_tokens_to_schedule", "read of num_spec_tokens_to_schedule"),
+          until=(0, 34), fallback="0.34 has no V1 GPU model runner (v1/worker/gpu_model_runner.py is gone): the V2 "
+          "check covers the only runner"),
     Check("V2 model runner drafts num_spec_tokens_to_schedule", "hook.after_schedule lowers drafting work",
           text_in(MRV2, r"scheduler_output\.num_spec_tokens_to_schedule", "read of num_spec_tokens_to_schedule"),
           since=(0, 32), fallback="the V2 model runner drafts num_speculative_tokens every step: a lower depth "
           "still caps what is verified, but does not cut drafting work"),
+    # vLLM's adaptive verification beside the patch (docs/engine.md): its budget respects the per-request caps.
+    Check("SpeculativeConfig.enable_adaptive_verification", "backports.graph_shaped / engine_widths step aside",
+          has_member(CONF_SPEC, "SpeculativeConfig", "enable_adaptive_verification"), since=(0, 34),
+          fallback="not checked before 0.34 (the patch reads it with getattr, default off)"),
+    Check("the verify budget is chosen after scheduling, from scheduled_spec_decode_tokens",
+          "per-category caps: a request trimmed by the hook is verified within its trim",
+          text_in(MRV2, r"adaptive_verification\.get_num_tokens\(\s*num_tokens_per_req, draft_tokens",
+                  "get_num_tokens(num_tokens_per_req, draft_tokens) call"), since=(0, 34),
+          fallback="not checked before 0.34"),
+    Check("each request's eligible draft slots are its scheduled drafts", "per-category caps: budget <= cap",
+          method_holds(ADAPTIVE, "AdaptiveVerificationManager.get_num_tokens",
+                       ("len(draft_tokens.get(req_id, ()))", "valid = steps[None, :] < scheduled_drafts[:, None]")),
+          since=(0, 34), fallback="not checked before 0.34"),
+    Check("the device kernel admits no slot past a request's scheduled drafts", "per-category caps: budget <= cap",
+          text_in(ADAPTIVE, r"tl\.where\(step < capacity,", "step < capacity mask"), since=(0, 34),
+          fallback="not checked before 0.34"),
+    *backport_checks(),
+    Check("SpeculativeConfig.speculator_config", "backports.autoregressive reads its speculator_class",
+          has_member(CONF_SPEC, "SpeculativeConfig", "speculator_config"), since=(0, 34), until=(0, 35),
+          fallback="other releases: the method alone decides"),
+    *(Check(f"speculator_class = {name.rsplit('.', 1)[1]}", "backports_v034.AUTOREGRESSIVE_SPECULATORS",
+            text_in(DRAFTER_CONFIGS, r"speculator_class = \(?\s*\"" + re.escape(name) + '"',
+                    f"speculator_class {name}"),
+            since=(0, 34), until=(0, 35), fallback="other releases: the method alone decides")
+      for name in backports.backports_v034.AUTOREGRESSIVE_SPECULATORS),
     # ROCm deploy files: speculation on the AITER flash-attention backend.
     Check("--attention-backend option", "deploy ROCm files pass --attention-backend=ROCM_AITER_FA",
           text_in(ARG_UTILS, r"[\"']--attention-backend[\"']", "--attention-backend argument")),
@@ -656,6 +746,10 @@ def run_checks(src: Sources, checks: Iterable[Check] = CHECKS) -> list[Outcome]:
 
 #: Release notes for the checked sources: vLLM names that are new in a release and what the patch does with them.
 NOTES = (
+    ("0.34", "OnlineAcceptanceEstimator", ESTIMATOR, r"self\.intercepts = torch\.full\(",
+     ("one shared slope and one intercept per draft position, fitted over all requests; nothing per request or "
+      "category enters it, so the patch's learned per-category acceptance cannot be fed in as a prior "
+      "(docs/engine.md, Beside vLLM's adaptive verification)")),
     ("0.33", "SchedulerOutput.skip_drafts", OUTPUT, r"^\s+skip_drafts\s*:",
      ("new in 0.33: set by schedule() when no scheduled request can use the next drafts; the V2 model runner "
       "then drafts K=0. The patch leaves it as vLLM sets it (it only lowers num_spec_tokens_to_schedule, which "
@@ -715,8 +809,7 @@ def report(src: Sources, outcomes: list[Outcome], verbose: bool) -> str:
             mark = "ok  " if o.result.ok else ("FAIL" if o.required else "n/a ")
             detail = f" -- {o.result.detail}" if o.result.detail and not o.result.ok else ""
             if not o.result.ok and not o.required:
-                since = ".".join(map(str, o.check.since or ()))
-                detail += f"; required from {since}, before it: {o.check.fallback}"
+                detail += f"; {o.check.scope()}, elsewhere: {o.check.fallback}"
             lines.append(f"  {mark} {o.check.id}  [{o.result.where}]{detail}  (used by: {o.check.why})")
     for note in notes_for(src):
         lines.append(f"  note: {note}")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specctl_vllm.engine_patch import backports
+from specctl_vllm.engine_patch import backports, backports_v034
 
 
 @dataclass(frozen=True)
@@ -203,3 +203,140 @@ def test_dispatch_of_a_mixed_batch_finds_a_graph_at_every_staged_count() -> None
     assert len(holes) == 111  # what 0.26 leaves: decode graphs only at the off-grid counts (as read from its code)
     backports.full_graphs_first(candidates, {"FULL": full_descs, "PIECEWISE": pw_descs})
     assert [n for n in range(1, 513) if not any(compatible(d, n) for d in candidates[(n, 0)])] == []
+
+
+# -- vLLM 0.34.0 --------------------------------------------------------------------------------------------------
+
+
+def _config(method="eagle3", table=None, adaptive=False, scheduler=backports.SPECCTL_SCHEDULER_PREFIX + ".SpecctlScheduler",
+            k=7, cls=None):
+    spec = SimpleNamespace(method=method, num_speculative_tokens_per_batch_size=table,
+                           enable_adaptive_verification=adaptive)
+    if cls is not None:  # 0.34's SpeculativeConfig.speculator_config names the drafter's class
+        spec.speculator_config = SimpleNamespace(speculator_class=cls)
+    return SimpleNamespace(speculative_config=spec, num_speculative_tokens=k,
+                           scheduler_config=SimpleNamespace(scheduler_cls=scheduler))
+
+
+@pytest.mark.parametrize(
+    ("config", "widths"),
+    [
+        (_config(), (0, 1, 2, 4, 7)),
+        (_config(method="mtp", k=3), (0, 1, 2, 3)),
+        (_config(adaptive=True), None),  # vLLM trims each request on variable-length graphs: not graph-shaped
+        (_config(table=[(1, 64, 4), (65, 256, 0)]), None),  # a user's batch-size table is vLLM's to apply
+        (_config(method="dflash"), None),
+        (_config(scheduler="vllm.v1.core.sched.scheduler.Scheduler"), None),
+        (_config(k=0), None),
+        (_config(method="mtp", k=3, cls="vllm.v1.worker.gpu.spec_decode.mtp.speculator.MTPSpeculator"),
+         (0, 1, 2, 3)),
+        # multi-module MTP is also method="mtp" on 0.34, with a graph manager of its own: not covered
+        (_config(method="mtp", cls="vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator.X"), None),
+    ],
+)
+def test_engine_widths(config, widths) -> None:
+    assert backports.engine_widths(config) == widths
+
+
+@pytest.mark.parametrize(
+    ("lens", "widths", "sampled", "expected"),
+    [
+        ({8: 256}, (0, 1, 2, 4, 7), 1, {1: 256, 2: 256, 3: 256, 5: 256, 8: 256}),
+        ({4: 64}, (0, 3), 1, {1: 64, 4: 64}),
+        ({9: 128}, (0, 2, 7), 2, {2: 128, 4: 128, 9: 128}),  # two tokens sampled a step (e.g. a bonus pair)
+    ],
+)
+def test_width_query_lens(lens, widths, sampled, expected) -> None:
+    assert backports_v034.width_query_lens(lens, widths, sampled) == expected
+
+
+def test_query_lens_wrapper_adds_the_width_set_only_where_vllm_gave_one_length() -> None:
+    def original(self, decode_query_len):
+        return self.lens
+
+    wrapped = backports_v034.wrap_query_lens(original, lambda cfg: cfg.widths)
+    cfg = SimpleNamespace(num_speculative_tokens=7, widths=(0, 2, 7), lens={8: 256})
+    assert wrapped(cfg, 8) == {1: 256, 3: 256, 8: 256}
+    cfg.lens = {2: 1, 5: 64, 8: 256}  # vLLM's own K table already spread the lengths: left as built
+    assert wrapped(cfg, 8) == {2: 1, 5: 64, 8: 256}
+    cfg.lens, cfg.widths = {8: 256}, None  # not an engine the width set serves
+    assert wrapped(cfg, 8) == {8: 256}
+    cfg.lens, cfg.widths = {1: 256}, (0, 2, 7)  # a one-token runner (the drafter's decode): nothing to add
+    assert wrapped(cfg, 1) == {1: 256}
+
+
+@dataclass(frozen=True)
+class SpecDesc(Desc):  # vLLM 0.34's SpeculatorBatchDescriptor: a batch descriptor plus the draft width
+    num_speculative_tokens: int = 0
+
+
+def test_drafter_decode_graphs_are_specialised_per_width() -> None:
+    d64, d8 = Desc("FULL", 64, 64, 1), Desc("FULL", 8, 8, 1)
+    out = backports_v034.width_specialized({"FULL": [d64, d8]}, (0, 1, 2, 4, 7), SpecDesc)
+    assert [(d.num_tokens, d.num_speculative_tokens) for d in out["FULL"]] == [
+        (64, 7), (64, 4), (64, 2), (8, 7), (8, 4), (8, 2)]  # K <= 1 runs no decode pass: no graph
+
+
+def _drafter_manager(decode_query_len=1):
+    return SimpleNamespace(decode_query_len=decode_query_len, vllm_config=_config(),
+                           _capture_descs={"FULL": [Desc("FULL", 8, 8, 1)]})
+
+
+def _fused_multi_step_decode(*args):
+    return None
+
+
+def _decode(*args):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("manager", "forward_fn", "specialize", "specialised"),
+    [
+        (_drafter_manager(), _fused_multi_step_decode, False, True),
+        (_drafter_manager(), _decode, False, False),  # one graph per pass: it already honours the width
+        (_drafter_manager(), _fused_multi_step_decode, True, False),  # vLLM specialises for its own table
+        (_drafter_manager(decode_query_len=8), _fused_multi_step_decode, False, False),  # the prefill manager
+    ],
+)
+def test_speculator_capture_wrapper(manager, forward_fn, specialize, specialised) -> None:
+    seen = []
+
+    def original(self, fn, *args, specialize_spec_tokens=False, **kwargs):
+        seen.append((specialize_spec_tokens, [getattr(d, "num_speculative_tokens", None)
+                                              for d in self._capture_descs["FULL"]]))
+
+    wrapped = backports_v034.wrap_speculator_capture(original, backports.engine_widths, SpecDesc)
+    wrapped(manager, forward_fn, "state", specialize_spec_tokens=specialize)
+    assert seen == [(specialize, [7, 4, 2] if specialised else [None])]
+
+
+def test_status_on_034_applies_the_rewrites_and_names_what_is_upstream(monkeypatch) -> None:
+    backports.status.cache_clear()
+    monkeypatch.setattr(backports.versions, "installed_version", lambda: "0.34.0")
+    monkeypatch.setattr(backports, "source_problem", lambda name, targets=None: None)
+    try:
+        st = backports.status()
+        assert st.applied == ("graph_widths", "honour_width") and st.problem is None
+        assert st.upstream == ("drafter_graphs", "full_graph_dispatch")
+        assert st.provides("full_graph_dispatch") and not st.has("full_graph_dispatch")
+    finally:
+        backports.status.cache_clear()
+
+
+def test_a_moved_034_line_turns_every_backport_off(monkeypatch) -> None:
+    backports.status.cache_clear()
+    monkeypatch.setattr(backports.versions, "installed_version", lambda: "0.34.0")
+    try:
+        st = backports.status()  # the vLLM here is the CPU build of 0.32: 0.34's functions are not there
+        assert st.applied == () and st.problem
+    finally:
+        backports.status.cache_clear()
+
+
+@pytest.mark.parametrize(("adaptive", "shaped"), [(False, True), (True, False)])
+def test_graph_shaped_on_034_steps_aside_for_adaptive_verification(monkeypatch, adaptive, shaped) -> None:
+    st = backports.BackportStatus(applied=("graph_widths", "honour_width"), release="0.34.0",
+                                  upstream=("drafter_graphs", "full_graph_dispatch"))
+    monkeypatch.setattr(backports, "apply", lambda: st)
+    assert backports.graph_shaped(_config(adaptive=adaptive)) is shaped

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from specctl_vllm.engine_patch import plugin, versions
+from specctl_vllm.engine_patch import plugin, startup, versions
 from specctl_vllm.engine_patch.settings import default_engine_id, load_settings
 
 
@@ -59,7 +59,8 @@ def test_default_engine_id_is_a_valid_protocol_id() -> None:
 @pytest.mark.parametrize(
     ("version", "supported"),
     [("0.26.0", True), ("0.32.0", True), ("0.32.1+cpu", True), ("0.29.0rc1", True), ("0.25.9", False),
-     ("0.33.0", True), ("0.33.1rc1", True), ("0.34.0", False), ("1.0.0", False), ("garbage", False), (None, False)],
+     ("0.33.0", True), ("0.33.1rc1", True), ("0.34.0", True), ("0.34.1", True), ("0.35.0", False),
+     ("1.0.0", False), ("garbage", False), (None, False)],
 )
 def test_supported_range(version: str | None, supported: bool) -> None:
     assert versions.is_supported(version) is supported
@@ -71,16 +72,65 @@ def test_installed_vllm_is_supported() -> None:
 
 
 def test_plugin_is_idempotent_and_never_raises(monkeypatch, caplog) -> None:
-    plugin._check_version_once.cache_clear()
+    startup.mode.cache_clear()
+    applied = []
+    monkeypatch.setattr(plugin.backports, "apply", lambda: applied.append(1))
     monkeypatch.setattr(versions, "installed_version", lambda: "0.40.0")
-    with caplog.at_level(logging.WARNING, logger="vllm.specctl.plugin"):
-        plugin.register()
-        plugin.register()
-    assert caplog.text.count("outside the supported range") == 1
-    plugin._check_version_once.cache_clear()
-    monkeypatch.setattr(versions, "installed_version", lambda: 1 / 0)
-    plugin.register()  # must not raise
-    plugin._check_version_once.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.specctl"):
+            plugin.register()
+            plugin.register()
+        assert caplog.text.count("outside the supported range") == 1  # one line per process
+        assert "stock scheduler" in caplog.text
+        assert applied == []  # a vLLM the patch does not know gets no backport either
+        startup.mode.cache_clear()
+        monkeypatch.setattr(versions, "installed_version", lambda: 1 / 0)
+        plugin.register()  # must not raise
+    finally:
+        startup.mode.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("version", "environ", "patched", "says"),
+    [
+        ("0.34.0", {}, True, None),
+        ("0.32.0+cpu", {}, True, None),
+        ("0.35.0", {}, False, "stock scheduler"),
+        ("0.25.0", {}, False, "stock scheduler"),
+        (None, {}, False, "not installed"),
+        ("0.35.0", {versions.ALLOW_ENV: "1"}, True, "anyway"),
+        ("0.35.0", {versions.ALLOW_ENV: "no"}, False, "stock scheduler"),
+    ],
+)
+def test_startup_mode(version, environ, patched, says) -> None:
+    mode = startup.decide(version, environ)
+    assert mode.patched is patched
+    assert (mode.line is None) if says is None else (says in mode.line)
+
+
+def test_an_unknown_vllm_gets_the_stock_scheduler(monkeypatch, caplog) -> None:
+    """``--scheduler-cls specctl_vllm.engine_patch.scheduler.SpecctlScheduler`` on a vLLM outside the range: vLLM's
+    own classes, no mixin, one log line; back on a supported vLLM the same module is the patch again."""
+    import importlib
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from specctl_vllm.engine_patch import runtime, scheduler
+
+    startup.mode.cache_clear()
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.99.0")
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.specctl"):
+            stock = importlib.reload(scheduler)
+        assert not stock.PATCHED
+        assert not issubclass(stock.SpecctlScheduler, runtime.SpecctlMixin)
+        assert issubclass(stock.SpecctlAsyncScheduler, AsyncScheduler)
+        assert caplog.text.count("stock scheduler") == 1
+    finally:
+        monkeypatch.undo()
+        startup.mode.cache_clear()
+        patched = importlib.reload(scheduler)
+    assert patched.PATCHED and issubclass(patched.SpecctlScheduler, runtime.SpecctlMixin)
 
 
 def test_plugin_is_the_declared_entry_point() -> None:

@@ -106,6 +106,31 @@ def test_histograms_reconcile_with_engine_counts(policy: CP | None) -> None:
     assert sum(v[3] for v in t.values()) == sum(x.accepted_tokens for x in truths)
 
 
+class RunnerOutput034:
+    """vLLM 0.34's ModelRunnerOutput: no ``req_id_to_index``; the sampled rows follow ``req_ids`` (here the reverse
+    of the scheduling order, so a hook that read rows in scheduling order would pair requests with wrong tokens)."""
+
+    def __init__(self, req_id_to_index: dict[str, int], sampled: list[list[int]]) -> None:
+        self.req_ids = sorted(req_id_to_index, key=req_id_to_index.get, reverse=True)
+        self.sampled_token_ids = [sampled[req_id_to_index[rid]] for rid in self.req_ids]
+
+
+def test_histograms_reconcile_with_vllm_034_runner_output(monkeypatch) -> None:
+    from tests.support import engine_sim
+
+    monkeypatch.setattr(engine_sim, "SimRunnerOutput", RunnerOutput034)
+    rig = Rig(correct={"a": 1, "b": 3, "": 2})
+    rig.install(a=CP(k=2), b=CP(k=4))
+    for i in range(6):
+        rig.add(f"r{i}", ["a", "b", None][i % 3], max_tokens=30)
+    truths = run(rig, 40)
+    t = totals(rig)
+    assert sum(x.accepted_tokens for x in truths) > 0
+    assert sum(v[1] for v in t.values()) == sum(x.drafts for x in truths)
+    assert sum(v[2] for v in t.values()) == sum(x.draft_tokens for x in truths)
+    assert sum(v[3] for v in t.values()) == sum(x.accepted_tokens for x in truths)
+
+
 def test_rejections_drop_k_at_once_and_retry_later() -> None:
     rig = Rig(correct={"chat": 0})  # every draft wrong
     rig.install(chat=CP(k=3, adapt=protocol.AdaptRule(k_min=0, k_max=4)))

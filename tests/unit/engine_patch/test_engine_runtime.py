@@ -135,6 +135,29 @@ def test_user_batch_size_table_is_kept() -> None:
     assert parent.dynamic_sd_lookup == [0, 4, 2, 2]
 
 
+def _validate(r, t):
+    return t[:1]
+
+
+def _trim(r, t):
+    return t[:2]
+
+
+@pytest.mark.parametrize(
+    ("manager", "expected"),
+    [
+        (SimpleNamespace(validate_tokens=_validate), _validate),  # 0.30-0.33
+        (SimpleNamespace(trim_spec_tokens=_trim), _trim),  # 0.34
+        (SimpleNamespace(), None),  # 0.26-0.29: model-free drafts go unvalidated
+    ],
+)
+def test_model_free_drafts_are_validated_by_the_releases_own_method(manager, expected) -> None:
+    parent = Parent()
+    parent.structured_output_manager = manager
+    rt = build_runtime(parent, EngineSettings.model_validate({"controller_url": "off"}))
+    assert rt.hook.validate_drafts is expected
+
+
 class _Mode:
     def __init__(self, full: bool) -> None:
         self.full = full
@@ -143,10 +166,11 @@ class _Mode:
         return self.full
 
 
-def _graph_config(mode, eager: bool = False, device: str = "cuda"):
+def _graph_config(mode, eager: bool = False, device: str = "cuda", adaptive: bool | None = None):
+    spec = None if adaptive is None else SimpleNamespace(method="eagle3", enable_adaptive_verification=adaptive)
     return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
                            device_config=SimpleNamespace(device_type=device),
-                           compilation_config=SimpleNamespace(cudagraph_mode=mode))
+                           compilation_config=SimpleNamespace(cudagraph_mode=mode), speculative_config=spec)
 
 
 @pytest.mark.parametrize(
@@ -160,6 +184,9 @@ def _graph_config(mode, eager: bool = False, device: str = "cuda"):
         (_graph_config("FULL_AND_PIECEWISE"), True),  # a layout without has_full_cudagraphs(): by name
         (_graph_config("PIECEWISE"), False),
         (SimpleNamespace(), False),  # an unknown layout never raises
+        (_graph_config(_Mode(True), adaptive=False), True),
+        # vLLM 0.34's adaptive verification replays variable-length decode graphs: mixed k is not penalised
+        (_graph_config(_Mode(True), adaptive=True), False),
     ],
 )
 def test_full_cuda_graphs_detection(cfg, expected) -> None:

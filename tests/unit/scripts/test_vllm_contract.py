@@ -93,6 +93,44 @@ def test_checks_with_since_are_na_before_it() -> None:
     assert outcome.failed
 
 
+def test_checks_with_until_are_na_from_it() -> None:
+    check = next(c for c in contract.CHECKS if c.id.startswith("V1 model runner"))
+    assert check.until == (0, 34)
+    assert check.required_for("0.33.0") and not check.required_for("0.34.0")
+    outcome = contract.run_checks(sources({}, "0.34.0"), [check])[0]
+    assert not outcome.result.ok and not outcome.failed
+    assert contract.run_checks(sources({}, "0.33.0"), [check])[0].failed
+
+
+def test_every_backport_target_is_a_check_of_its_release() -> None:
+    from specctl_vllm.engine_patch import backports
+
+    ids = {c.id: c for c in contract.CHECKS}
+    for release, table in backports.RELEASES.items():
+        minor = versions.parse_version(release)
+        for name, targets in table.targets.items():
+            for module, qualname, _ in targets:
+                check = ids[f"backport {name} ({release}): {qualname}"]
+                assert contract.module_path(module) in contract.FILES
+                assert check.required_for(release) and not check.required_for(f"0.{minor[1] + 1}.0")
+
+
+METHOD = '''
+class VllmConfig:
+    def get_decode_cudagraph_query_lens(self, decode_query_len):
+        if not speculative_config.uses_dynamic_speculative_decoding():
+            return {decode_query_len: max_num_seqs}
+'''
+
+
+def test_a_backport_line_that_moved_fails_its_release() -> None:
+    run = contract.method_holds("vllm/config/vllm.py", "VllmConfig.get_decode_cudagraph_query_lens",
+                                ("return {decode_query_len: max_num_seqs}",))
+    assert run(sources({"vllm/config/vllm.py": METHOD})).ok
+    moved = run(sources({"vllm/config/vllm.py": METHOD.replace("max_num_seqs}", "max_reqs}")}))
+    assert not moved.ok and "no longer holds" in moved.detail
+
+
 def fake_wheel(path: Path, files: dict[str, str], version: str = "0.33.0") -> Path:
     with zipfile.ZipFile(path, "w") as archive:
         for name, text in files.items():
@@ -134,7 +172,7 @@ def cached_sources(version: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_real_wheels_pass(version: str, tmp_path: Path) -> None:
     """The wheel reader on a wheel holding the release's real sources (the cached files, zipped as in a wheel)."""
     import zipfile
