@@ -104,14 +104,18 @@ class ControllerProc:
                 raise RuntimeError(f"override {cat} k={k} not set: {answer}")
 
 
-def decisions(view) -> dict:
-    """category -> [k, method] from ``GET /v1/categories``; engines' widths run so far from ``/v1/engines``."""
-    out = {}
-    if isinstance(view, list):
-        for c in view:
-            d = c.get("decision") if isinstance(c, dict) else None
-            if isinstance(d, dict):
-                out[c.get("category")] = [d.get("k"), d.get("method")]
+def served_policy(controller: ControllerProc, engine: dict) -> dict:
+    """category -> [k, method] of the policy the controller serves this engine (``GET /v1/policy``, a read);
+    ``"*"``: the default for categories the policy does not list."""
+    params = {"model": engine.get("model"), "k_max": engine.get("spec_k_max"), "method": engine.get("spec_method"),
+              "model_free": list(engine.get("model_free_methods") or ()),
+              "full_cuda_graphs": "true" if engine.get("graph_widths") else "false"}
+    policy = controller.request("GET", "/v1/policy", params=params)
+    if not isinstance(policy, dict) or "default" not in policy:
+        return {}
+    out = {"*": [policy["default"].get("k"), policy["default"].get("method")]}
+    for cat, p in (policy.get("categories") or {}).items():
+        out[cat] = [p.get("k"), p.get("method")]
     return out
 
 
@@ -128,11 +132,11 @@ class Poller(threading.Thread):
     def run(self) -> None:
         while not self.stop_flag.wait(POLL_S):
             t = time.perf_counter() - self.t0
-            cats = decisions(self.controller.request("GET", "/v1/categories"))
             engines = self.controller.request("GET", "/v1/engines")
-            widths = {}
+            cats, widths = {}, {}
             if isinstance(engines, list) and engines:
                 widths = engines[0].get("width_steps") or {}
+                cats = served_policy(self.controller, engines[0])
             self.rows.append({"t": round(t, 2), "k": cats, "width_steps": widths})
 
 

@@ -78,7 +78,10 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
     spec = sorted((r for r in rows if r["config"] == "specctl"), key=lambda r: r["repeat"])
     if spec and spec[0].get("decisions"):
         decisions = spec[0]["decisions"]
-        cats = sorted({c for d in decisions for c in d["k"]})
+        cats = sorted({c for d in decisions for c in d["k"]} - {"*"})
+        for d in decisions:  # a category the policy does not list runs the default
+            for c in cats:
+                d["k"].setdefault(c, d["k"].get("*", [None, None]))
         fig, ax = plt.subplots(figsize=(11, 3.8))
         for i, (name, a, b) in enumerate(bounds):
             if i % 2:
