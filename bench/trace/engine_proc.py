@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -52,7 +53,7 @@ class ControllerProc:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.state_dir / "controller.log")
     try:
         return run_all(args, trace, runs, controller)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the row of what failed goes to the log; the parent sees the exit status
         traceback.print_exc()
         return 1
     finally:
