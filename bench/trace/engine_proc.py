@@ -85,15 +85,24 @@ class ControllerProc:
         except ValueError:
             return {"status": r.status_code}
 
+    def engine(self) -> dict | None:
+        """This benchmark's engine as the controller sees it (by ``SPECCTL_ENGINE_ID``), or None."""
+        engines = self.request("GET", "/v1/engines")
+        wanted = os.environ.get("SPECCTL_ENGINE_ID")
+        if isinstance(engines, list):
+            for e in engines:
+                if isinstance(e, dict) and e.get("engine_id") == wanted:
+                    return e
+        return None
+
     def wait_attached(self, timeout_s: float = 20.0) -> float:
-        """Seconds until an engine has reported to the fresh controller (its reporter retries with backoff)."""
+        """Seconds until this engine has reported to the fresh controller (its reporter retries with backoff)."""
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < timeout_s:
-            engines = self.request("GET", "/v1/engines")
-            if isinstance(engines, list) and engines:
-                break
+            if self.engine() is not None:
+                return time.perf_counter() - t0
             time.sleep(0.2)
-        return time.perf_counter() - t0
+        raise RuntimeError(f"engine {os.environ.get('SPECCTL_ENGINE_ID')} did not attach within {timeout_s:.0f} s")
 
     def pin(self, categories: tuple[str, ...], k: int) -> None:
         for cat in categories:
@@ -133,11 +142,11 @@ class Poller(threading.Thread):
     def run(self) -> None:
         while not self.stop_flag.wait(POLL_S):
             t = time.perf_counter() - self.t0
-            engines = self.controller.request("GET", "/v1/engines")
+            engine = self.controller.engine()
             cats, widths = {}, {}
-            if isinstance(engines, list) and engines:
-                widths = engines[0].get("width_steps") or {}
-                cats = served_policy(self.controller, engines[0])
+            if engine is not None:
+                widths = engine.get("width_steps") or {}
+                cats = served_policy(self.controller, engine)
             self.rows.append({"t": round(t, 2), "k": cats, "width_steps": widths})
 
 
@@ -166,6 +175,12 @@ def one_run(engine, trace: Trace, controller: ControllerProc, config: str, repea
     finally:
         poller.stop_flag.set()
         poller.join(5)
+    seen = controller.engine() or {}
+    if seen.get("id_conflicts") or not seen.get("steps"):
+        # another engine under this id, or no step reached the controller: the policy under test was not applied
+        raise RuntimeError(f"{config} r{repeat}: the controller saw {seen.get('steps')} steps and "
+                           f"{seen.get('id_conflicts')} id conflicts of this engine; the run is not recorded")
+    record.update({"engine_batches": seen.get("batches"), "engine_steps": seen.get("steps")})
     record.update({"kind": "trace_run", "config": config, "repeat": repeat, "trace": trace.name,
                    "profile": os.environ.get("SPECCTL_TRACE_PROFILE", ""),
                    "duration_s": float(os.environ.get("SPECCTL_TRACE_DURATION_S", trace.duration_s)),

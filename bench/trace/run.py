@@ -72,7 +72,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace file (default: %(default)s)")
     p.add_argument("--duration-s", type=float, default=None, help="scale the trace to this many seconds")
     p.add_argument("--profiles", type=Path, default=DEFAULT_PROFILES, help="acceptance profiles file")
-    p.add_argument("--profile", default="measured", help="profile name in --profiles (default: %(default)s)")
+    p.add_argument("--profile", default="eagle3-published", help="profile name in --profiles (default: %(default)s)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="specctl and/or kN, comma-separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--results", type=Path, required=True, help="JSONL file the runs are appended to")
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONPATH": os.pathsep.join([str(dist_dir), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                                                     else [])),
         "SPECCTL_CONTROLLER_URL": f"http://127.0.0.1:{args.controller_port}",
-        "SPECCTL_ENGINE_ID": f"trace-{args.platform}",
+        # unique: a controller refuses batches of a second engine under one id (an engine left over elsewhere)
+        "SPECCTL_ENGINE_ID": f"trace-{args.platform}-{os.getpid()}",
     })
     if args.platform == "gpu":
         env.update({
