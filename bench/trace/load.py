@@ -20,27 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.trace.spec import Phase, Trace
+from specctl_vllm.controller.traces import Trace, request_plan
 
 SAMPLE_S = 1.0
-
-
-def pick(mix: tuple[tuple[str, float], ...], u: float) -> str:
-    """The category at cumulative weight ``u`` in [0, 1)."""
-    acc = 0.0
-    for name, w in mix:
-        acc += w
-        if u < acc:
-            return name
-    return mix[-1][0]
-
-
-def request_plan(phase: Phase, phase_index: int, n: int, seed: int) -> tuple[str, int, random.Random]:
-    """Category, output length and the prompt's generator of the n-th request of a phase (pure, seeded)."""
-    rng = random.Random(f"{seed}/{phase_index}/{n}")
-    category = pick(phase.mix, rng.random())
-    length = rng.randint(phase.output_min, phase.output_max)
-    return category, length, rng
 
 
 @dataclass

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.trace.stats import analyse, groups, load_rows, phase_table, table
+from specctl_vllm.controller.trace_stats import analyse, groups, load_rows, phase_table, table
 
 SMOOTH_S = 5
 

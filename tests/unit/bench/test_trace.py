@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bench.trace import measured, stats
-from bench.trace.load import TraceLoad, pick, request_plan
+from bench.trace import measured
+from bench.trace.load import TraceLoad
 from bench.trace.run import run_order
 from bench.trace.spec import TraceError, load_profiles, parse_profiles, parse_trace, unconditional
+from specctl_vllm.controller import trace_stats as stats
+from specctl_vllm.controller.traces import pick, request_plan
 
 PHASES = [
     {"name": "low", "duration_s": 2, "concurrency": 2, "mix": {"chat": 1}, "output_tokens": {"min": 3, "max": 3}},
