@@ -4,7 +4,9 @@
 
 Per (trace, profile, duration) in the results file: ``<stem>.json`` (``stats.analyse``), ``<stem>.md`` (the
 tables), ``<stem>_goodput.png`` (committed tokens/s over time per configuration, median over repeats, 5 s
-windows, phases shaded) and ``<stem>_k.png`` (specctl's k per category over time, first repeat).
+windows, phases shaded) and ``<stem>_k.png`` (specctl's k per category over time, first repeat, and the mean
+width of the engine's steps between two samples: on graph-shaped engines the width rule, not the category's
+starting k, decides what a step verifies, so the two can differ).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
             ks = [d["k"][cat][0] + 0.06 * (j - len(cats) / 2) for d in decisions
                   if cat in d["k"] and d["k"][cat][0] is not None]
             ax.step(ts, ks, where="post", label=cat)
+        ts, means = mean_widths(decisions)
+        if ts:
+            ax.step(ts, means, where="post", color="black", ls="--", lw=1.2, label="engine: mean step width")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("trace time (s)")
         ax.set_ylabel("k chosen by specctl")
@@ -103,6 +108,20 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def mean_widths(decisions: list[dict]) -> tuple[list[float], list[float]]:
+    """Mean width of the steps the engine ran between consecutive samples (``width_steps`` are cumulative
+    counts per width), placed at the earlier sample; intervals without steps are left out."""
+    ts, means = [], []
+    for before, after in zip(decisions, decisions[1:]):
+        a, b = before.get("width_steps") or {}, after.get("width_steps") or {}
+        delta = {int(w): b[w] - a.get(w, 0) for w in b if b[w] > a.get(w, 0)}
+        steps = sum(delta.values())
+        if steps:
+            ts.append(before["t"])
+            means.append(sum(w * n for w, n in delta.items()) / steps)
+    return ts, means
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -209,3 +209,17 @@ def test_accept_plugin_takes_per_position_rates():
     table = keep_table([0.9, 0.9, 0.9], betas)
     assert list(table["a"]) == pytest.approx([1.0, 0.5, 0.5])
     assert list(table["b"]) == pytest.approx([0.5, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("samples, expected", [
+    # steps at width 2 only between the samples: mean 2, at the earlier sample
+    ([{"t": 1.0, "width_steps": {"0": 5}}, {"t": 2.0, "width_steps": {"0": 5, "2": 10}}], ([1.0], [2.0])),
+    # 10 steps at 4 and 30 at 0: mean 1; an interval without steps is left out
+    ([{"t": 1.0, "width_steps": {"4": 10}}, {"t": 2.0, "width_steps": {"0": 30, "4": 20}},
+      {"t": 3.0, "width_steps": {"0": 30, "4": 20}}], ([1.0], [1.0])),
+    ([{"t": 1.0}], ([], [])),
+])
+def test_mean_width_between_samples(samples, expected) -> None:
+    from bench.trace.report import mean_widths
+
+    assert mean_widths(samples) == expected
