@@ -24,6 +24,7 @@ from specctl_vllm.controller.service.clock import Clock, Sleep, SystemClock, rea
 from specctl_vllm.controller.service.limits import BodyLimit
 from specctl_vllm.controller.service.recorder import Recorder
 from specctl_vllm.controller.service.render import Renderer
+from specctl_vllm.controller.service.request_classes import ClassCounts, RequestClasses
 from specctl_vllm.controller.service.routes import (
     audit,
     categories,
@@ -155,4 +156,9 @@ def create_app(
         )
     app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
                        body_timeout_s=settings.server.body_timeout_s)
+    app.state.request_classes = ClassCounts()
+    # outermost: a request beyond its class's share is refused before its body is read
+    app.add_middleware(RequestClasses, telemetry_limit=settings.server.concurrency_limit,
+                       admin_limit=settings.server.admin_concurrency, counts=app.state.request_classes)
+    app.state.connections = None  # the server's ConnectionPolicy, set by server.serve
     return app
