@@ -81,6 +81,15 @@ class Brain:
         self._series += admitted.cost
         return apply(batch, admitted, now, self.config)
 
+    def ingest_continued(self, part: TelemetryBatch, now: float) -> IngestResult:
+        """Learn from further steps of a batch :meth:`ingest` admitted (a large batch is merged in slices, the
+        Brain's lock let go in between); raises :class:`IngestRejected` if its engine was forgotten meanwhile."""
+        admitted = admit(part, self._engines, self._models, self._series, self.config, self._preset, now,
+                         continued=True)
+        assert not isinstance(admitted, IngestResult)
+        self._series += admitted.cost
+        return apply(part, admitted, now, self.config, continued=True)
+
     def record_rejected(self, engine_id: str | None) -> None:
         book = self._engines.get(engine_id) if engine_id else None
         if book is not None:

@@ -41,6 +41,19 @@ class ServerSettings(_Env):
         description="request body cap in bytes (413 above it); a 100 ms batch from a busy engine is a few KiB, "
         "4 MiB leaves room for a backlog flush while bounding memory per request",
     )
+    ingest_bytes_in_flight: int = Field(
+        default=8 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all; a post beyond it gets "
+        "429 with Retry-After before its body is read. A parsed batch takes ~14x its bytes, so 8 MiB (two maximal "
+        "bodies) keeps the controller within 256 MB; engines' regular posts (a few KiB) are never counted",
+    )
+    ingest_engine_bytes_in_flight: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="the same, per engine (known once the body is parsed): one engine's backlog flush cannot take "
+        "the whole share; 4 MiB is one maximal body",
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed by CORS; empty = CORS off, because only engines and operators call "
