@@ -125,6 +125,25 @@ def charge(ms: ModelState, digest: BatchDigest, k_max: int) -> int:
     return after - before
 
 
+def known_only(batch: TelemetryBatch, ms: ModelState) -> tuple[TelemetryBatch, int]:
+    """``batch`` with only what ``ms`` already holds series for (known categories and drafters, k up to the
+    charged one), and how many category reports were dropped."""
+    dropped = 0
+    steps = []
+    for step in batch.steps:
+        cats = []
+        for cs in step.categories:
+            st = ms.categories.get(cs.category)
+            if st is None or (cs.method not in st.methods and cs.hists):
+                dropped += 1
+                continue
+            cf = {m: [h for h in hs if h.k <= ms.charged_k] for m, hs in cs.counterfactual.items() if m in st.methods}
+            hists = [h for h in cs.hists if h.k <= ms.charged_k]
+            cats.append(cs.model_copy(update={"hists": hists, "counterfactual": cf}))
+        steps.append(step.model_copy(update={"categories": cats}))
+    return batch.model_copy(update={"steps": steps}), dropped
+
+
 def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapping[str, ModelState], series: int,
           config: BrainConfig, preset: CostCoefficients, now: float, *, continued: bool = False
           ) -> Admission | IngestResult:
@@ -167,6 +186,14 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
         digest = ms.digest(batch, min(cap, len(ms.categories)))
         k = charged_k(digest, batch.spec.k_max)
         cost = extra + charge(ms, digest, k)
+        if series + cost > limit and batch.engine_id in engines and not new_model:
+            # a known engine is never refused whole: what needs new series (a new drafter, a larger k, a
+            # category beyond those learned) is dropped, counted in the model's dropped methods
+            kept, dropped = known_only(batch, ms)
+            ms.dropped_methods += dropped
+            digest = ms.digest(kept, min(cap, len(ms.categories)))
+            k = charged_k(digest, min(batch.spec.k_max, ms.charged_k))
+            cost = extra + charge(ms, digest, k)
         if series + cost > limit:
             raise IngestRejected(
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
