@@ -19,6 +19,7 @@ Requests in progress are limited by class in :mod:`specctl_vllm.controller.servi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 from collections.abc import Callable
@@ -177,7 +178,7 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
         def _refuse_headers(self, problem: str) -> None:
             policy.headers_refused += 1
             self._disarm()
-            body = ('{"detail":"%s","errors":[]}' % problem).encode()
+            body = json.dumps({"detail": problem, "errors": []}).encode()
             assert self._transport is not None
             self._transport.write(_TOO_LARGE % (len(body), body))
             self._head = b""

@@ -4,6 +4,7 @@ engines on kept-open connections are answered whatever else is connected."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ def serve(tmp_path):
 
 
 def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")

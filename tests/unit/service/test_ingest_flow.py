@@ -67,9 +67,8 @@ def _same(x, y) -> bool:
 def test_bytes_in_flight_refuses_beyond_the_total_and_the_engine_share():
     flow = BytesInFlight(total_limit=100, engine_limit=60)
     with flow.body(80):
-        with pytest.raises(HTTPException) as exc:
-            with flow.body(30):
-                pass
+        with pytest.raises(HTTPException) as exc, flow.body(30):
+            pass
         assert exc.value.status_code == 429 and exc.value.headers == {"Retry-After": "1"}
         with flow.engine("a", 50), pytest.raises(HTTPException), flow.engine("a", 20):
             pass
