@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal

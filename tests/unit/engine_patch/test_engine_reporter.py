@@ -219,7 +219,7 @@ def test_the_spec_leaves_out_defaults_so_older_controllers_accept_it(full_graphs
 
 
 def test_a_batch_refused_with_429_is_trimmed_then_dropped_and_retry_after_is_honoured() -> None:
-    busy = lambda b: httpx.Response(429, json={"detail": "busy"}, headers={"Retry-After": "3"})  # noqa: E731
+    busy = lambda b: httpx.Response(429, json={"detail": "busy"}, headers={"Retry-After": "3"})
     reporter, fake, queue, _, _ = make([busy] * 4, backoff_max_s=30.0)
     for t in range(8):
         queue.push(row(float(t)))
