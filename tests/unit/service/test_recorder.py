@@ -164,7 +164,7 @@ def test_a_full_disk_leaves_no_empty_files_and_counts_lost_batches_apart(tmp_pat
 
     def full_disk_open(path, mode="r"):
         Path(path).touch()  # the file is created, as on a full disk; every write then fails with ENOSPC
-        return open("/dev/full", mode)  # noqa: SIM115 -- the recorder closes it
+        return open("/dev/full", mode)  # the recorder closes it
 
     monkeypatch.setattr(recorder_module, "open", full_disk_open, raising=False)
     rec = Recorder(record_settings(tmp_path, record_flush_s=0.05))
