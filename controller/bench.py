@@ -174,6 +174,70 @@ def overrides_for(config: Config, categories: Iterable[str]) -> dict[str, int | 
     return {c: config.k_all for c in cats}
 
 
+#: The actor the bench writes its overrides as (and recognises its own by).
+BENCH_ACTOR = "specctl-bench"
+#: An override action: (category, PUT body), or (category, None) for DELETE.
+Action = tuple[str, "dict[str, Any] | None"]
+
+
+def pinned_categories(configs: Sequence[Config], categories: Iterable[str]) -> list[str]:
+    """Categories some configuration of the run would pin."""
+    return sorted({c for config in configs for c, k in overrides_for(config, categories).items() if k is not None})
+
+
+def operator_overrides(found: Sequence[Mapping[str, Any]], pinned: Iterable[str]) -> list[str]:
+    """Categories the bench would pin that carry an override it did not set (``found``: GET /v1/overrides)."""
+    wanted = set(pinned)
+    return sorted(o["category"] for o in found if o["category"] in wanted and o.get("actor") != BENCH_ACTOR)
+
+
+def put_back(override: Mapping[str, Any]) -> dict[str, Any]:
+    """The PUT body that restores an override as GET /v1/overrides showed it (its remaining TTL)."""
+    body: dict[str, Any] = {"reason": override["reason"], "actor": override["actor"], "off": override["off"]}
+    if override.get("k") is not None and not override["off"]:
+        body["k"] = override["k"]
+    if override.get("method") is not None and not override["off"]:
+        body["method"] = override["method"]
+    remaining = override.get("ttl_remaining_s")
+    if remaining is not None:
+        body["ttl_s"] = max(1.0, float(remaining))
+    return body
+
+
+@dataclass
+class OverrideLedger:
+    """What the bench changed on the controller, so that it restores exactly that and nothing else.
+
+    ``found``: the overrides in force before the run, by category. A category the bench never pinned is never
+    written; one it pinned gets back what was found there (deleted if nothing was)."""
+
+    found: dict[str, dict[str, Any]]
+    pinned: set[str] = field(default_factory=set)
+
+    def actions(self, config: Config, categories: Iterable[str]) -> list[Action]:
+        out: list[Action] = []
+        for category, k in overrides_for(config, categories).items():
+            if k is None:
+                if category in self.pinned:  # the policy decides again: what was there before comes back
+                    out.append(self._restore(category))
+                    self.pinned.discard(category)
+                continue
+            body = {"off": True} if k == 0 else {"k": k}
+            out.append((category, {**body, "reason": f"specctl bench: {config.name}", "actor": BENCH_ACTOR,
+                                   "ttl_s": 3600}))
+            self.pinned.add(category)
+        return out
+
+    def restore(self) -> list[Action]:
+        out = [self._restore(c) for c in sorted(self.pinned)]
+        self.pinned.clear()
+        return out
+
+    def _restore(self, category: str) -> Action:
+        held = self.found.get(category)
+        return (category, None) if held is None else (category, put_back(held))
+
+
 def schedule(configs: Sequence[Config], repeats: int) -> list[tuple[int, Config]]:
     """(round, config) in run order: every round measures each configuration once, rotated by the round."""
     n = len(configs)

@@ -18,19 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from specctl_vllm.controller.bench import (
+    BENCH_ACTOR,
     SPECCTL_COUNTERS,
     VLLM_COUNTERS,
+    Action,
     BenchError,
     BenchRequest,
-    Config,
+    OverrideLedger,
     Result,
     aggregate,
     counter_delta,
     format_table,
-    overrides_for,
+    operator_overrides,
     parse_config,
     parse_prometheus_counters,
     parse_requests,
+    pinned_categories,
     schedule,
     summarize,
 )
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", action="append", default=[], dest="configs",
                    help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")
     p.add_argument("--endpoint", help="the OpenAI-compatible base URL for override configurations")
+    p.add_argument("--replace-overrides", action="store_true",
+                   help="pin categories that carry an operator's override (put back after the run)")
     p.add_argument("--controller", help="the specctl controller's base URL (override configurations; acceptance "
                                         "per category from its /metrics)")
     p.add_argument("--model", help="model name sent in requests (default: the endpoint's first /v1/models entry)")
@@ -200,23 +205,40 @@ def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[st
         return None
 
 
-def apply_overrides(controller: str, config: Config, categories: list[str]) -> None:
+def _admin_headers() -> dict[str, str]:
+    token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def current_overrides(controller: str) -> list[dict[str, Any]]:
+    """GET /v1/overrides: the overrides in force now."""
     import httpx
 
-    token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    for category, k in overrides_for(config, categories).items():
+    url = f"{controller.rstrip('/')}/v1/overrides"
+    try:
+        response = httpx.get(url, headers=_admin_headers(), timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code >= 400:
+        raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+    return list(response.json())
+
+
+def apply_overrides(controller: str, actions: list[Action]) -> None:
+    """PUT or DELETE each (category, body) action (:class:`OverrideLedger` says which)."""
+    import httpx
+
+    headers = _admin_headers()
+    for category, body in actions:
         url = f"{controller.rstrip('/')}/v1/overrides/{category}"
         try:
-            if k is None:
-                response = httpx.delete(url, params={"reason": "specctl bench", "actor": "specctl-bench"},
+            if body is None:
+                response = httpx.delete(url, params={"reason": "specctl bench: restored", "actor": BENCH_ACTOR},
                                         headers=headers, timeout=10.0)
                 if response.status_code == 404:
                     continue
             else:
-                body = {"off": True} if k == 0 else {"k": k}
-                response = httpx.put(url, json={**body, "reason": f"specctl bench: {config.name}",
-                                                "actor": "specctl-bench", "ttl_s": 3600}, headers=headers, timeout=10.0)
+                response = httpx.put(url, json=body, headers=headers, timeout=10.0)
         except httpx.HTTPError as exc:
             raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
@@ -307,6 +329,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     categories = sorted({r.category for r in requests})
     runs: list[dict[str, Any]] = []
+    ledger = OverrideLedger(found={})
+    if any(c.kind == "override" for c in configs):
+        try:
+            found = current_overrides(args.controller)
+        except Unreachable as exc:
+            print(f"specctl bench: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        taken = operator_overrides(found, pinned_categories(configs, categories))
+        if taken and not args.replace_overrides:
+            print(f"specctl bench: categories {', '.join(taken)} have an operator's override the run would "
+                  "replace; clear them, or pass --replace-overrides (they are put back after the run)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        ledger = OverrideLedger(found={o["category"]: o for o in found if o.get("actor") != BENCH_ACTOR})
     try:
         models: dict[str, str] = {}
         for round_, config in schedule(configs, args.repeats):
@@ -318,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                     asyncio.run(run_file(base, models[base], requests[: args.warmup], args.concurrency,
                                          args.timeout, args.api_key, warm))
             if config.kind == "override":
-                apply_overrides(args.controller, config, categories)
+                apply_overrides(args.controller, ledger.actions(config, categories))
                 time.sleep(args.settle)
             before_ctl = scrape(args.controller, SPECCTL_COUNTERS, "category")
             before_vllm = scrape(base, VLLM_COUNTERS, None)
@@ -350,11 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specctl bench: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     finally:
-        if args.controller and any(c.kind == "override" for c in configs):
-            try:  # leave the controller as it was found: no bench override in force
-                apply_overrides(args.controller, Config("specctl", "override"), categories)
+        if args.controller and ledger.pinned:
+            try:  # leave the controller as it was found: what the bench pinned is put back, nothing else
+                apply_overrides(args.controller, ledger.restore())
             except Unreachable as exc:
-                print(f"specctl bench: could not clear the bench's overrides: {exc}", file=sys.stderr)
+                print(f"specctl bench: could not restore the overrides it changed: {exc}", file=sys.stderr)
     agg = aggregate(runs)
     baseline = args.baseline or configs[0].name
     print(f"{len(requests)} requests x {args.repeats} rounds, concurrency {args.concurrency}; "
