@@ -46,12 +46,9 @@ app.add_typer(override_app, name="override")
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        import specctl_vllm
 
-        try:
-            typer.echo(f"specctl {version('specctl')}")
-        except PackageNotFoundError:
-            typer.echo("specctl (not installed as a package)")
+        typer.echo(f"specctl ({specctl_vllm.DISTRIBUTION}) {specctl_vllm.version()}")
         raise typer.Exit(0)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 
+import specctl_vllm
 from specctl_vllm.engine_patch import backports, versions
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
@@ -34,6 +35,7 @@ def register() -> None:
 
 @functools.cache
 def _check_version_once() -> str | None:
+    logger.info("specctl: %s %s loaded", specctl_vllm.DISTRIBUTION, specctl_vllm.version())
     problem = versions.support_problem(versions.installed_version())
     if problem:
         logger.warning("specctl: %s; the engine patch will refuse to load (set %s=1 to try anyway)",
