@@ -36,9 +36,6 @@ from specctl_vllm.controller.cli_common import (
 
 __all__ = ["CONTEXT", "DEFAULT_URL", "EXIT_REFUSED", "EXIT_UNREACHABLE", "EXIT_USAGE", "app", "main"]
 
-#: The server's own rules for what goes into a URL path (checked before anything is sent); kept equal to
-#: specctl_vllm.controller.protocol.CATEGORY_PATTERN (tests/unit/service/test_cli.py checks), without importing pydantic.
-CATEGORY_RULE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 MAX_TTL_S = 30 * 24 * 3600.0
 
 app = typer.Typer(help="Adaptive speculative-decoding controller for vLLM.", no_args_is_help=True, **TYPER_SETTINGS)
@@ -77,12 +74,21 @@ def printable(text: Any) -> str:
     return "".join(out)
 
 
-def _segment(category: str) -> str:
-    """A category as one URL path segment: checked with the server's rule, then percent-encoded."""
-    if not CATEGORY_RULE.match(category):
-        _fail(f"invalid category {printable(category)!s}: lower-case letters, digits, '_', '.', '-', "
+def _category(written: str) -> str:
+    """The category a written name means, by the controller's own rule (``protocol.category_name``: ``SQL`` is
+    ``sql``), checked before anything is sent; exits 2 when it names none."""
+    from specctl_vllm.controller.protocol import category_name
+
+    named = category_name(written)
+    if named is None:
+        _fail(f"invalid category {printable(written)!s}: letters (folded to lower case), digits, '_', '.', '-', "
               "starting with a letter or digit, at most 64 characters", EXIT_USAGE)
-    return quote(category, safe="")
+    return named
+
+
+def _segment(category: str) -> str:
+    """A category as one URL path segment: named by the controller's rule, then percent-encoded."""
+    return quote(_category(category), safe="")
 
 
 def _ttl(value: float | None) -> float | None:
@@ -261,6 +267,7 @@ def override_set(
     """Pin k, pin the method, or force speculation off for CATEGORY (needs SPECCTL_ADMIN_TOKEN)."""
     if k is None and method is None and not off:
         _fail("give --k N, --method M or --off", EXIT_USAGE)
+    category = _category(category)
     segment = _segment(category)
     body = {"k": k, "method": method, "off": off, "ttl_s": _ttl(ttl), "reason": reason,
             "actor": actor or _default_actor()}
@@ -281,6 +288,7 @@ def override_clear(
 ) -> None:
     """Remove CATEGORY's override; the policy decides again (needs SPECCTL_ADMIN_TOKEN)."""
     params = {"actor": actor or _default_actor(), "reason": reason}
+    category = _category(category)
     answer = _request("DELETE", url, f"/v1/overrides/{_segment(category)}", admin=True, params=params)
     typer.echo(printable(f"override cleared for {category} (audit #{answer['audit']['id']})"))
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN
+from specctl_vllm.controller.protocol import CATEGORY_INPUT_PATTERN, category_name
 from specctl_vllm.controller.service.deps import AdminAuth, RuntimeDep, read_json
 from specctl_vllm.controller.service.errors import BadInput
 from specctl_vllm.controller.service.openapi_bodies import json_body, responses
@@ -19,7 +19,16 @@ log = logging.getLogger("controller.service")
 
 router = APIRouter(prefix="/v1", tags=["overrides"])
 
-CategoryPath = Annotated[str, Path(pattern=CATEGORY_PATTERN, description="request category")]
+CategoryPath = Annotated[str, Path(pattern=CATEGORY_INPUT_PATTERN,
+                                   description="request category (case folded: SQL is sql; protocol.category_name)")]
+
+
+def _named(category: str) -> str:
+    """The category the path names (the pattern admits only names that fold to one)."""
+    named = category_name(category)
+    if named is None:  # not reached: the path pattern refused it
+        raise BadInput(422, f"{category!r} names no category")
+    return named
 
 
 def audit_entry(record: AuditRecord) -> AuditEntry:
@@ -39,6 +48,7 @@ async def list_overrides(runtime: RuntimeDep) -> list[OverrideOut]:
 
 @router.get("/overrides/{category}", responses=responses(404, 422), summary="The category's override")
 async def get_override(runtime: RuntimeDep, category: CategoryPath) -> OverrideOut:
+    category = _named(category)
     now = runtime.clock.now()
     for override in runtime.overrides():
         if override.category == category:
@@ -53,6 +63,7 @@ async def get_override(runtime: RuntimeDep, category: CategoryPath) -> OverrideO
     summary="Pin k, pin the method, or force speculation off (replaces the category's override)",
 )
 async def put_override(request: Request, runtime: RuntimeDep, _: AdminAuth, category: CategoryPath) -> OverrideChange:
+    category = _named(category)
     body = await read_json(request, OverrideIn, "override")
     now = runtime.clock.now()
     override = body.to_override(category, now)
@@ -75,6 +86,7 @@ async def delete_override(
     actor: Annotated[str, Query(pattern=ACTOR_PATTERN, description="who (kept in the audit log)")],
     reason: Annotated[str, Query(max_length=512, description="why (kept in the audit log)")] = "cleared",
 ) -> OverrideChange:
+    category = _named(category)
     try:
         record = await runtime.clear_override(category, actor, reason)
     except sqlite3.Error as exc:

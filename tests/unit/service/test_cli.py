@@ -124,12 +124,6 @@ def test_table_format():
     assert cli.format_table([["a", "bbb"], ["cc", "d"]], ["h1", "h2"]).splitlines() == ["h1  h2", "a   bbb", "cc  d"]
 
 
-def test_category_rule_is_the_servers():
-    from specctl_vllm.controller.protocol import CATEGORY_PATTERN
-
-    assert cli.CATEGORY_RULE.pattern == CATEGORY_PATTERN
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
