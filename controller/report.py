@@ -24,6 +24,7 @@ from typing import Any
 
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.replay import engine_clock
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
 
@@ -70,7 +71,7 @@ def ran_per_batch(batch: TelemetryBatch) -> dict[str, tuple[float, str]]:
 
 def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = None, preset: str = "cpu",
                    generated_at: float = 0.0, source: str = "recording", max_points: int = 400) -> dict[str, Any]:
-    """Feed the recording through the controller's Brain (on the recording's own clock) and describe the end
+    """Feed the recording through the controller's Brain (on the engines' own step clock: ``engine_clock``) and describe the end
     state, with the k/method that ran and that the policy chose along the way."""
     if not batches:
         raise ReportError("no telemetry batches")
@@ -83,19 +84,19 @@ def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = Non
     if not batches:
         raise ReportError(f"no telemetry for model {model!r} (found {models})")
     brain = Brain(BrainConfig(REPORT_LEARNER, PolicySettings(cost_preset=preset)))
-    t0 = now = batches[0].sent_at
-    every = max((batches[-1].sent_at - t0) / max(max_points, 1), brain.config.policy.interval_s)
-    next_sample = t0
+    timed, clock_notes = engine_clock(batches)  # the engines' step clock, never sent_at
+    now = 0.0
+    every = max(timed[-1][0] / max(max_points, 1), brain.config.policy.interval_s)
+    next_sample = 0.0
     timeline: list[dict[str, Any]] = []
     rejected = 0
-    for b in batches:
-        now = max(now, b.sent_at)
+    for now, b in timed:
         try:
             brain.ingest(b, now)
         except IngestRejected:
             rejected += 1
             continue
-        t = round(now - t0, 3)
+        t = round(now, 3)
         for name, (k, method) in sorted(ran_per_batch(b).items()):
             timeline.append({"t_s": t, "category": name, "k": round(k, 3), "method": method, "series": "ran"})
         if now >= next_sample:
@@ -105,11 +106,12 @@ def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = Non
                 timeline.append({"t_s": t, "category": name, "k": cp.k, "method": method if cp.k else METHOD_OFF,
                                  "series": "policy"})
             next_sample = now + every
-    notes = [f"{rejected} batches refused by the controller logic and skipped"] if rejected else []
+    notes = list(clock_notes)
+    notes += [f"{rejected} batches refused by the controller logic and skipped"] if rejected else []
     notes.append("overrides are not part of a recording: the live report (--url) lists them")
     return {
         "source": source, "model": model, "generated_at": generated_at,
-        "span_s": round(now - t0, 3), "batches": len(batches),
+        "span_s": round(now, 3), "batches": len(batches),
         "categories": [v.to_dict() for v in brain.categories(now) if v.model == model],
         "overrides": None, "timeline": _thin(timeline, max_points), "notes": notes,
     }
