@@ -191,7 +191,7 @@ def test_the_wheel_entry_points_name_the_namespace(wheel) -> None:
 # --- the install a new user makes (README, docs/packaging.md, `make dist`, CI's wheel step) ------------------------
 
 def _shell_blocks(text: str) -> list[str]:
-    return [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
             for line in block.splitlines()]
 
 

@@ -11,8 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from specctl_vllm.controller import report
 from tests.unit.service.test_report import recording
 
@@ -77,7 +75,7 @@ def test_nothing_overlaps_in_the_rendered_page(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(_page(series=4).replace("</body>", CHECK + "</body>"), encoding="utf-8")
     dom = _browser(["--dump-dom"], page)
-    match = re.search(r'<pre id="overlaps">(.*?)</pre>', dom, re.S)
+    match = re.search(r'<pre id="overlaps">(.*?)</pre>', dom, re.DOTALL)
     assert match, "the check did not run"
     assert json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&")) == []
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
