@@ -36,13 +36,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K, category_name
 
 REQUEST_KEYS = {"messages", "prompt", "category", "max_tokens", "response_format", "tools", "tool_choice",
                 "temperature"}
 DEFAULT_MAX_TOKENS = 256
 PERCENTILES = (50, 90, 99)
-_CATEGORY = re.compile(CATEGORY_PATTERN)
 
 
 class BenchError(ValueError):
@@ -114,9 +113,10 @@ def parse_requests(lines: Iterable[str], source: str = "requests") -> list[Bench
         max_tokens = d.get("max_tokens", DEFAULT_MAX_TOKENS)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 1_000_000:
             raise BenchError(f"{where}: max_tokens must be an integer >= 1")
-        category = d.get("category") or default_category(d)
-        if not isinstance(category, str) or not _CATEGORY.fullmatch(category):
-            raise BenchError(f"{where}: category {category!r} does not match {CATEGORY_PATTERN}")
+        raw = d.get("category") or default_category(d)
+        category = category_name(raw)  # the one rule: ASCII case folds (protocol.category_name)
+        if category is None:
+            raise BenchError(f"{where}: category {raw!r} does not match {CATEGORY_PATTERN} (ASCII case folds)")
         body = {k: v for k, v in d.items() if k != "category"}
         body["max_tokens"] = max_tokens
         body.setdefault("temperature", 0)
@@ -142,9 +142,12 @@ def parse_config(text: str) -> Config:
             return Config(f"k={k}", "override", k_all=k)
         ks = {}
         for part in value.split(","):
-            cat, _, num = part.partition(":")
-            if not _CATEGORY.fullmatch(cat):
-                raise BenchError(f"--config {text!r}: bad category {cat!r}")
+            raw, _, num = part.partition(":")
+            cat = category_name(raw)
+            if cat is None:
+                raise BenchError(f"--config {text!r}: bad category {raw!r}")
+            if cat in ks:
+                raise BenchError(f"--config {text!r}: category {cat!r} given twice")
             ks[cat] = _k(num, text)
         return Config(text, "override", ks=ks)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}", name):

@@ -7,79 +7,104 @@ failed.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from specctl_vllm.controller.bench import (
-    BENCH_ACTOR,
-    SPECCTL_COUNTERS,
-    VLLM_COUNTERS,
-    Action,
-    BenchError,
-    BenchRequest,
-    OverrideLedger,
-    Result,
-    aggregate,
-    counter_delta,
-    format_table,
-    operator_overrides,
-    parse_config,
-    parse_prometheus_counters,
-    parse_requests,
-    pinned_categories,
-    schedule,
-    summarize,
-)
+import typer
 
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from specctl_vllm.controller.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, URL_ENV, invoke
+
+if TYPE_CHECKING:  # imported where used: `specctl --help` loads this module and should not load pydantic
+    from specctl_vllm.controller.bench import Action, BenchRequest, Result
 
 
 class Unreachable(RuntimeError):
     pass
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specctl bench", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency "
-                    "percentiles and acceptance, per category and overall, for each configuration; interleaved "
-                    "and repeated rounds, with their spread.",
-        epilog="request file: JSON lines {messages | prompt, category?, max_tokens?, response_format?, tools?, "
-               "tool_choice?, temperature?} (docs/bench.md)\n\nexamples:\n"
-               "  specctl bench requests.jsonl --config plain=http://h:8000 --config spec=http://h:8001\n"
-               "  specctl bench requests.jsonl --endpoint http://h:8000 --controller http://h:8081 \\\n"
-               "      --config off --config k=2 --config k=structured:1,chat:4 --config specctl --repeats 3")
-    p.add_argument("requests", type=Path, help="JSON lines, one request per line")
-    p.add_argument("--config", action="append", default=[], dest="configs",
-                   help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")
-    p.add_argument("--endpoint", help="the OpenAI-compatible base URL for override configurations")
-    p.add_argument("--replace-overrides", action="store_true",
-                   help="pin categories that carry an operator's override (put back after the run)")
-    p.add_argument("--controller", help="the specctl controller's base URL (override configurations; acceptance "
-                                        "per category from its /metrics)")
-    p.add_argument("--model", help="model name sent in requests (default: the endpoint's first /v1/models entry)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds; each measures every configuration (default 3)")
-    p.add_argument("--settle", type=float, default=3.0,
-                   help="seconds to wait after changing overrides, so the engine has the new policy (default 3)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="requests sent to each endpoint before measuring, not counted (default 2)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer token for the endpoints "
-                   "[env OPENAI_API_KEY]")
-    p.add_argument("--json", type=Path, help="write every run and the aggregate as JSON")
-    p.add_argument("--plots", type=Path, help="folder for plots (PNG with matplotlib installed, else SVG)")
-    p.add_argument("--baseline", help="configuration the table compares goodput against (default: the first)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    return p
+@dataclass(frozen=True)
+class BenchOptions:
+    """``specctl bench``'s options, as given."""
+
+    requests: Path
+    configs: list[str]
+    endpoint: str | None = None
+    controller: str | None = None
+    model: str | None = None
+    concurrency: int = 8
+    repeats: int = 3
+    settle: float = 3.0
+    warmup: int = 2
+    timeout: float = 300.0
+    api_key: str = ""
+    json: Path | None = None
+    plots: Path | None = None
+    baseline: str | None = None
+    no_progress: bool = False
+    replace_overrides: bool = False
+
+
+def bench(
+    requests: Annotated[Path, typer.Argument(show_default=False, help="JSON lines, one request per line")],
+    configs: Annotated[list[str] | None, typer.Option(
+        "--config", show_default="none",
+        help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        show_default="none", help="the OpenAI-compatible base URL for override configurations")] = None,
+    replace_overrides: Annotated[bool, typer.Option(
+        "--replace-overrides",
+        help="pin categories that carry an operator's override (put back after the run); without it the bench "
+             "refuses to run over them")] = False,
+    controller: Annotated[str | None, typer.Option(
+        envvar=URL_ENV, show_default="none",
+        help="the specctl controller's base URL (override configurations; acceptance per category from its "
+             "/metrics)")] = None,
+    model: Annotated[str | None, typer.Option(
+        show_default="the endpoint's first /v1/models entry", help="model name sent in requests")] = None,
+    concurrency: Annotated[int, typer.Option(help="requests in flight")] = 8,
+    repeats: Annotated[int, typer.Option(help="rounds; each measures every configuration")] = 3,
+    settle: Annotated[float, typer.Option(
+        help="seconds to wait after changing overrides, so the engine has the new policy")] = 3.0,
+    warmup: Annotated[int, typer.Option(help="requests sent to each endpoint before measuring, not counted")] = 2,
+    timeout: Annotated[float, typer.Option(help="seconds per request")] = 300.0,
+    api_key: Annotated[str, typer.Option(envvar="OPENAI_API_KEY", show_default="none",
+                                         help="bearer token for the endpoints")] = "",
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", show_default="none", help="write every run and the aggregate as JSON")] = None,
+    plots: Annotated[Path | None, typer.Option(
+        show_default="none", help="folder for plots (PNG with matplotlib installed, else SVG)")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        show_default="the first configuration", help="configuration the table compares goodput against")] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars on stderr")] = False,
+) -> None:
+    """Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency percentiles and
+    acceptance, per category and overall, for each configuration; interleaved and repeated rounds, with their
+    spread.
+
+    Request file: JSON lines {messages | prompt, category?, max_tokens?, response_format?, tools?, tool_choice?,
+    temperature?} (docs/bench.md).
+
+    Examples: specctl bench requests.jsonl --config plain=http://h:8000 --config spec=http://h:8001;
+    specctl bench requests.jsonl --endpoint http://h:8000 --controller http://h:8081 --config off --config k=2
+    --config k=structured:1,chat:4 --config specctl --repeats 3
+    """
+    raise typer.Exit(run(BenchOptions(
+        requests=requests, configs=list(configs or []), endpoint=endpoint, controller=controller, model=model,
+        concurrency=concurrency, repeats=repeats, settle=settle, warmup=warmup, timeout=timeout, api_key=api_key,
+        json=json_out, plots=plots, baseline=baseline, no_progress=no_progress,
+        replace_overrides=replace_overrides)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``specctl bench`` on ``argv``; the exit code."""
+    return invoke(bench, argv, "specctl bench")
 
 
 class Progress:
@@ -111,6 +136,8 @@ class Progress:
 async def _one(client: Any, base: str, model: str, request: BenchRequest, timeout: float,
                clock: Callable[[], float]) -> Result:
     import httpx
+
+    from specctl_vllm.controller.bench import Result
 
     path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
     body = {**request.body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
@@ -197,6 +224,8 @@ def first_model(base: str, api_key: str) -> str:
 
 
 def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[str, dict[str, float]] | None:
+    from specctl_vllm.controller.bench import parse_prometheus_counters
+
     if not url:
         return None
     try:
@@ -228,6 +257,8 @@ def apply_overrides(controller: str, actions: list[Action]) -> None:
     """PUT or DELETE each (category, body) action (:class:`OverrideLedger` says which)."""
     import httpx
 
+    from specctl_vllm.controller.bench import BENCH_ACTOR
+
     headers = _admin_headers()
     for category, body in actions:
         url = f"{controller.rstrip('/')}/v1/overrides/{category}"
@@ -246,68 +277,25 @@ def apply_overrides(controller: str, actions: list[Action]) -> None:
             raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}{hint}")
 
 
-def plot(agg: dict, folder: Path) -> list[Path]:
-    """Goodput per configuration and category (mean with min-max), and TTFT/ITL p50/p99."""
-    folder.mkdir(parents=True, exist_ok=True)
-    configs = list(agg)
-    cats = sorted({c for v in agg.values() for c in v}, key=lambda c: (c != "overall", c))
-    try:
-        import matplotlib
+def run(args: BenchOptions) -> int:
+    """The bench; its exit code."""
+    from specctl_vllm.controller.bench import (
+        BENCH_ACTOR,
+        SPECCTL_COUNTERS,
+        VLLM_COUNTERS,
+        BenchError,
+        OverrideLedger,
+        aggregate,
+        counter_delta,
+        format_table,
+        operator_overrides,
+        parse_config,
+        parse_requests,
+        pinned_categories,
+        schedule,
+        summarize,
+    )
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return _plot_svg(agg, folder, configs, cats)
-    paths = []
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cats) * len(configs) / 2), 4))
-    width = 0.8 / max(len(configs), 1)
-    for i, config in enumerate(configs):
-        means, lo, hi = [], [], []
-        for c in cats:
-            g = agg[config].get(c, {}).get("goodput_tok_s", {})
-            means.append(g.get("mean", 0.0))
-            lo.append(g.get("mean", 0.0) - g.get("min", 0.0))
-            hi.append(g.get("max", 0.0) - g.get("mean", 0.0))
-        xs = [j + i * width for j in range(len(cats))]
-        ax.bar(xs, means, width, yerr=[lo, hi], capsize=3, label=config)
-    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(cats))], cats)
-    ax.set_ylabel("output tokens/s (mean, min-max over rounds)")
-    ax.set_title("Goodput per category")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(folder / "goodput.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, title in ((axes[0], "ttft", "TTFT (ms)"), (axes[1], "itl", "inter-token latency (ms)")):
-        for i, config in enumerate(configs):
-            o = agg[config].get("overall", {})
-            vals = [(o.get(f"{metric}_p{q}_ms") or {}).get("mean") or 0.0 for q in (50, 90, 99)]
-            ax.bar([j + i * width for j in range(3)], vals, width, label=config)
-        ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(3)], ["p50", "p90", "p99"])
-        ax.set_title(f"{title}, overall")
-        ax.legend()
-    fig.tight_layout()
-    paths.append(folder / "latency.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
-
-
-def _plot_svg(agg: dict, folder: Path, configs: list[str], cats: list[str]) -> list[Path]:
-    from specctl_vllm.controller.report import bar_chart
-
-    paths = []
-    for c in cats:
-        values = [agg[k].get(c, {}).get("goodput_tok_s", {}).get("mean", 0.0) for k in configs]
-        path = folder / f"goodput_{c}.svg"
-        path.write_text(bar_chart(f"Goodput: {c}", configs, values, x_label="configuration", y_label="tokens/s"))
-        paths.append(path)
-    return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
         if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
             raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
@@ -402,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "configs": names, "runs": runs, "aggregate": agg}, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plots:
+        from specctl_vllm.controller.bench_plots import plot
+
         for path in plot(agg, args.plots):
             print(f"wrote {path}")
     return 0
