@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -19,21 +18,29 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from specctl_vllm.controller.bench_overrides import (  # noqa: F401 (apply_overrides, Unreachable: the CLI's API)
+    Refused,
+    Unreachable,
+    apply_overrides,
+    claim,
+    current_overrides,
+    put_back,
+)
 from specctl_vllm.controller.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, URL_ENV, invoke
 
 if TYPE_CHECKING:  # imported where used: `specctl --help` loads this module and should not load pydantic
-    from specctl_vllm.controller.bench import Action, BenchRequest, Result
+    from specctl_vllm.controller.bench import BenchRequest, Config, Result
 
-
-class Unreachable(RuntimeError):
-    pass
+#: ``specctl_vllm.controller.trace_bench.DEFAULT_WINDOW_S`` (tests/unit/test_bench_trace_cli.py checks they agree),
+#: here so that ``-h`` shows it without importing the trace model.
+DEFAULT_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     """``specctl bench``'s options, as given."""
 
-    requests: Path
+    requests: Path | None
     configs: list[str]
     endpoint: str | None = None
     controller: str | None = None
@@ -49,10 +56,14 @@ class BenchOptions:
     baseline: str | None = None
     no_progress: bool = False
     replace_overrides: bool = False
+    trace: Path | None = None
+    window_s: float = DEFAULT_WINDOW_S
 
 
 def bench(
-    requests: Annotated[Path, typer.Argument(show_default=False, help="JSON lines, one request per line")],
+    requests: Annotated[Path | None, typer.Argument(
+        show_default=False, help="JSON lines, one request per line (with --trace: the requests a phases trace "
+                                 "draws from; none for a request log)")] = None,
     configs: Annotated[list[str] | None, typer.Option(
         "--config", show_default="none",
         help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")] = None,
@@ -83,6 +94,13 @@ def bench(
     baseline: Annotated[str | None, typer.Option(
         show_default="the first configuration", help="configuration the table compares goodput against")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars on stderr")] = False,
+    trace: Annotated[Path | None, typer.Option(
+        show_default="none", help="play this trace under each configuration instead of the request file once: "
+                                  "a phases file (bench/trace/day.json) or a request log (JSON lines with \"t\"); "
+                                  "--json then writes trace_run rows (python -m bench trace.report reads them)")] = None,
+    window_s: Annotated[float, typer.Option(
+        "--window-s", help="with a request log: the report's phases are windows of this many seconds")
+    ] = DEFAULT_WINDOW_S,
 ) -> None:
     """Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency percentiles and
     acceptance, per category and overall, for each configuration; interleaved and repeated rounds, with their
@@ -99,7 +117,7 @@ def bench(
         requests=requests, configs=list(configs or []), endpoint=endpoint, controller=controller, model=model,
         concurrency=concurrency, repeats=repeats, settle=settle, warmup=warmup, timeout=timeout, api_key=api_key,
         json=json_out, plots=plots, baseline=baseline, no_progress=no_progress,
-        replace_overrides=replace_overrides)))
+        replace_overrides=replace_overrides, trace=trace, window_s=window_s)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,79 +252,54 @@ def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[st
         return None
 
 
-def _admin_headers() -> dict[str, str]:
-    token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def parse_configs(args: BenchOptions) -> list[Config]:
+    """The run's configurations and its counts, checked; BenchError with the reason."""
+    from specctl_vllm.controller.bench import BenchError, parse_config
+
+    if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
+        raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
+    if not args.configs:
+        raise BenchError("give at least one --config")
+    configs = [parse_config(c) for c in args.configs]
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise BenchError(f"configuration names repeat: {names}")
+    if any(c.kind == "override" for c in configs) and not (args.controller and args.endpoint):
+        raise BenchError("off / k=N / specctl configurations need --controller and --endpoint")
+    return configs
 
 
-def current_overrides(controller: str) -> list[dict[str, Any]]:
-    """GET /v1/overrides: the overrides in force now."""
-    import httpx
-
-    url = f"{controller.rstrip('/')}/v1/overrides"
-    try:
-        response = httpx.get(url, headers=_admin_headers(), timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
-    if response.status_code >= 400:
-        raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
-    return list(response.json())
-
-
-def apply_overrides(controller: str, actions: list[Action]) -> None:
-    """PUT or DELETE each (category, body) action (:class:`OverrideLedger` says which)."""
-    import httpx
-
-    from specctl_vllm.controller.bench import BENCH_ACTOR
-
-    headers = _admin_headers()
-    for category, body in actions:
-        url = f"{controller.rstrip('/')}/v1/overrides/{category}"
-        try:
-            if body is None:
-                response = httpx.delete(url, params={"reason": "specctl bench: restored", "actor": BENCH_ACTOR},
-                                        headers=headers, timeout=10.0)
-                if response.status_code == 404:
-                    continue
-            else:
-                response = httpx.put(url, json=body, headers=headers, timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 400:
-            hint = " (set SPECCTL_ADMIN_TOKEN)" if response.status_code in (401, 403) else ""
-            raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}{hint}")
+def warm_up(args: BenchOptions, base: str, model: str, requests: list[BenchRequest]) -> None:
+    """The first ``--warmup`` requests sent once to an endpoint before it is measured, not counted."""
+    if args.warmup and requests:
+        warm = Progress(f"warm-up {base}", min(args.warmup, len(requests)), not args.no_progress)
+        asyncio.run(run_file(base, model, requests[: args.warmup], args.concurrency, args.timeout, args.api_key,
+                             warm))
 
 
 def run(args: BenchOptions) -> int:
     """The bench; its exit code."""
     from specctl_vllm.controller.bench import (
-        BENCH_ACTOR,
         SPECCTL_COUNTERS,
         VLLM_COUNTERS,
         BenchError,
-        OverrideLedger,
         aggregate,
         counter_delta,
         format_table,
-        operator_overrides,
-        parse_config,
         parse_requests,
-        pinned_categories,
         schedule,
         summarize,
     )
 
+    if args.trace is not None:
+        from specctl_vllm.controller.bench_trace_cli import run_trace_bench
+
+        return run_trace_bench(args, args.trace)
     try:
-        if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
-            raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
-        if not args.configs:
-            raise BenchError("give at least one --config")
-        configs = [parse_config(c) for c in args.configs]
+        configs = parse_configs(args)
         names = [c.name for c in configs]
-        if len(set(names)) != len(names):
-            raise BenchError(f"configuration names repeat: {names}")
-        if any(c.kind == "override" for c in configs) and not (args.controller and args.endpoint):
-            raise BenchError("off / k=N / specctl configurations need --controller and --endpoint")
+        if args.requests is None:
+            raise BenchError("give the request file (or --trace FILE)")
         try:
             text = args.requests.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -317,30 +310,21 @@ def run(args: BenchOptions) -> int:
         return EXIT_USAGE
     categories = sorted({r.category for r in requests})
     runs: list[dict[str, Any]] = []
-    ledger = OverrideLedger(found={})
-    if any(c.kind == "override" for c in configs):
-        try:
-            found = current_overrides(args.controller)
-        except Unreachable as exc:
-            print(f"specctl bench: {exc}", file=sys.stderr)
-            return EXIT_UNREACHABLE
-        taken = operator_overrides(found, pinned_categories(configs, categories))
-        if taken and not args.replace_overrides:
-            print(f"specctl bench: categories {', '.join(taken)} have an operator's override the run would "
-                  "replace; clear them, or pass --replace-overrides (they are put back after the run)",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        ledger = OverrideLedger(found={o["category"]: o for o in found if o.get("actor") != BENCH_ACTOR})
+    try:
+        ledger = claim(args.controller, configs, categories, args.replace_overrides)
+    except Refused as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unreachable as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     try:
         models: dict[str, str] = {}
         for round_, config in schedule(configs, args.repeats):
             base = config.url if config.kind == "endpoint" else args.endpoint.rstrip("/")
             if base not in models:
                 models[base] = args.model or first_model(base, args.api_key)
-                if args.warmup:
-                    warm = Progress(f"warm-up {base}", min(args.warmup, len(requests)), not args.no_progress)
-                    asyncio.run(run_file(base, models[base], requests[: args.warmup], args.concurrency,
-                                         args.timeout, args.api_key, warm))
+                warm_up(args, base, models[base], requests)
             if config.kind == "override":
                 apply_overrides(args.controller, ledger.actions(config, categories))
                 time.sleep(args.settle)
@@ -374,11 +358,7 @@ def run(args: BenchOptions) -> int:
         print(f"specctl bench: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     finally:
-        if args.controller and ledger.pinned:
-            try:  # leave the controller as it was found: what the bench pinned is put back, nothing else
-                apply_overrides(args.controller, ledger.restore())
-            except Unreachable as exc:
-                print(f"specctl bench: could not restore the overrides it changed: {exc}", file=sys.stderr)
+        put_back(args.controller, ledger)
     agg = aggregate(runs)
     baseline = args.baseline or configs[0].name
     print(f"{len(requests)} requests x {args.repeats} rounds, concurrency {args.concurrency}; "

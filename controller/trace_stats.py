@@ -93,17 +93,21 @@ def analyse(rows: list[dict]) -> dict:
     return out
 
 
+def _spread(g: dict) -> str:
+    return "n/a" if g["spread"] is None else f"{g['spread']:.1%}"  # None: a median of 0 (nothing committed)
+
+
 def table(result: dict) -> str:
     """A markdown table: goodput per configuration, median (min-max), and the ratios."""
     lines = ["| configuration | goodput tok/s, median (min-max) | spread | repeats |", "|---|---|---|---|"]
     names = sorted(result["configs"], key=lambda c: (not c.startswith("specctl"), c))
     for c in names:
         g = result["configs"][c]["goodput"]
-        lines.append(f"| {c} | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | {g['spread']:.1%} | {g['n']} |")
+        lines.append(f"| {c} | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | {_spread(g)} | {g['n']} |")
     if "oracle" in result:
         g = result["oracle"]
         lines.append(f"| per-phase static oracle | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | "
-                     f"{g['spread']:.1%} | {g['n']} |")
+                     f"{_spread(g)} | {g['n']} |")
     lines += ["", "| ratio (per repeat) | median (min-max) |", "|---|---|"]
     for name, r in result.get("ratios", {}).items():
         if r:
