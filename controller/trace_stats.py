@@ -128,5 +128,5 @@ def phase_table(result: dict) -> str:
             v = result["configs"][c]["phases"][i]["median"]
             best = result.get("oracle_choice", {}).get(p) == c
             cells.append(f"**{v:.0f}**" if best else f"{v:.0f}")
-        lines.append(f"| {p} | {result['phase_seconds'][i]:.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {p} | {result['phase_seconds'][i]:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
