@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= .cache/models/SmolLM2-135M-Instruct
 export SPECCTL_MODEL_DIR := $(abspath $(MODEL_DIR))
 
-.PHONY: venv model demo test test-unit test-e2e bench dashboards check clean
+.PHONY: venv model demo test test-unit test-e2e bench dashboards check dist wheel-check clean
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
@@ -49,5 +49,21 @@ check: venv
 	$(PY) -m specctl_vllm.controller.openapi --check
 	promtool test rules deploy/prometheus/tests/*.yml
 
+# sdist and wheel into dist/ (offline: the build backend comes from the venv, no isolated build env)
+dist: venv
+	rm -rf dist build
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	$(PY) -c "import setuptools.build_meta as b; print(b.build_sdist('dist'))"
+	rm -rf build
+
+# the wheel as a new user gets it: a fresh venv with only pip, dependencies from PyPI, then the command
+WHEEL_VENV ?= .cache/wheel-venv
+wheel-check: dist
+	rm -rf $(WHEEL_VENV)
+	$(PY_BOOT) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q dist/specctl_vllm-*.whl
+	cd /tmp && $(abspath $(WHEEL_VENV))/bin/specctl --version | tee /dev/stderr | grep -qx "specctl (specctl-vllm) $$(sed -n 's/^version = "\(.*\)"/\1/p' $(abspath pyproject.toml))"
+	cd /tmp && $(abspath $(WHEEL_VENV))/bin/specctl serve --help >/dev/null
+
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .cache dist

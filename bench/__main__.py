@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "load": "bench.load",
     "budget": "bench.budget",
     "fuzz": "bench.fuzz",
+    "soak": "bench.soak",
     "sim": "bench.sim.run",
     "sim.decide": "bench.sim.decide_bench",
     "sim.fit_presets": "bench.sim.fit_presets",

@@ -22,6 +22,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("budget", [], ["--seconds", "5", "--out", "bench/results/tmp/budget_quick.json"]),
     ("budget", ["--flood", "600"], ["--flood", "20", "--out", "bench/results/tmp/budget_flood_quick.json"]),
     ("fuzz", [], ["--examples", "12", "--steps", "25"]),
+    ("soak", ["--minutes", "30"], ["--minutes", "1", "--engines", "16", "--out", "bench/results/tmp/soak_quick.json"]),
     ("sim", [], ["--quick"]),
     ("reporter_cost", [], ["--posts", "30"]),
     ("reporter_gil", [], ["--regimes", "7500:200", "--rounds", "1", "--round-s", "1",

@@ -36,13 +36,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K
+from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K, category_name
 
 REQUEST_KEYS = {"messages", "prompt", "category", "max_tokens", "response_format", "tools", "tool_choice",
                 "temperature"}
 DEFAULT_MAX_TOKENS = 256
 PERCENTILES = (50, 90, 99)
-_CATEGORY = re.compile(CATEGORY_PATTERN)
 
 
 class BenchError(ValueError):
@@ -114,9 +113,10 @@ def parse_requests(lines: Iterable[str], source: str = "requests") -> list[Bench
         max_tokens = d.get("max_tokens", DEFAULT_MAX_TOKENS)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 1_000_000:
             raise BenchError(f"{where}: max_tokens must be an integer >= 1")
-        category = d.get("category") or default_category(d)
-        if not isinstance(category, str) or not _CATEGORY.fullmatch(category):
-            raise BenchError(f"{where}: category {category!r} does not match {CATEGORY_PATTERN}")
+        raw = d.get("category") or default_category(d)
+        category = category_name(raw)  # the one rule: ASCII case folds (protocol.category_name)
+        if category is None:
+            raise BenchError(f"{where}: category {raw!r} does not match {CATEGORY_PATTERN} (ASCII case folds)")
         body = {k: v for k, v in d.items() if k != "category"}
         body["max_tokens"] = max_tokens
         body.setdefault("temperature", 0)
@@ -142,9 +142,12 @@ def parse_config(text: str) -> Config:
             return Config(f"k={k}", "override", k_all=k)
         ks = {}
         for part in value.split(","):
-            cat, _, num = part.partition(":")
-            if not _CATEGORY.fullmatch(cat):
-                raise BenchError(f"--config {text!r}: bad category {cat!r}")
+            raw, _, num = part.partition(":")
+            cat = category_name(raw)
+            if cat is None:
+                raise BenchError(f"--config {text!r}: bad category {raw!r}")
+            if cat in ks:
+                raise BenchError(f"--config {text!r}: category {cat!r} given twice")
             ks[cat] = _k(num, text)
         return Config(text, "override", ks=ks)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}", name):
@@ -172,6 +175,70 @@ def overrides_for(config: Config, categories: Iterable[str]) -> dict[str, int | 
     if config.ks is not None:
         return {c: config.ks.get(c) for c in cats}  # categories not listed run specctl's policy
     return {c: config.k_all for c in cats}
+
+
+#: The actor the bench writes its overrides as (and recognises its own by).
+BENCH_ACTOR = "specctl-bench"
+#: An override action: (category, PUT body), or (category, None) for DELETE.
+Action = tuple[str, "dict[str, Any] | None"]
+
+
+def pinned_categories(configs: Sequence[Config], categories: Iterable[str]) -> list[str]:
+    """Categories some configuration of the run would pin."""
+    return sorted({c for config in configs for c, k in overrides_for(config, categories).items() if k is not None})
+
+
+def operator_overrides(found: Sequence[Mapping[str, Any]], pinned: Iterable[str]) -> list[str]:
+    """Categories the bench would pin that carry an override it did not set (``found``: GET /v1/overrides)."""
+    wanted = set(pinned)
+    return sorted(o["category"] for o in found if o["category"] in wanted and o.get("actor") != BENCH_ACTOR)
+
+
+def put_back(override: Mapping[str, Any]) -> dict[str, Any]:
+    """The PUT body that restores an override as GET /v1/overrides showed it (its remaining TTL)."""
+    body: dict[str, Any] = {"reason": override["reason"], "actor": override["actor"], "off": override["off"]}
+    if override.get("k") is not None and not override["off"]:
+        body["k"] = override["k"]
+    if override.get("method") is not None and not override["off"]:
+        body["method"] = override["method"]
+    remaining = override.get("ttl_remaining_s")
+    if remaining is not None:
+        body["ttl_s"] = max(1.0, float(remaining))
+    return body
+
+
+@dataclass
+class OverrideLedger:
+    """What the bench changed on the controller, so that it restores exactly that and nothing else.
+
+    ``found``: the overrides in force before the run, by category. A category the bench never pinned is never
+    written; one it pinned gets back what was found there (deleted if nothing was)."""
+
+    found: dict[str, dict[str, Any]]
+    pinned: set[str] = field(default_factory=set)
+
+    def actions(self, config: Config, categories: Iterable[str]) -> list[Action]:
+        out: list[Action] = []
+        for category, k in overrides_for(config, categories).items():
+            if k is None:
+                if category in self.pinned:  # the policy decides again: what was there before comes back
+                    out.append(self._restore(category))
+                    self.pinned.discard(category)
+                continue
+            body = {"off": True} if k == 0 else {"k": k}
+            out.append((category, {**body, "reason": f"specctl bench: {config.name}", "actor": BENCH_ACTOR,
+                                   "ttl_s": 3600}))
+            self.pinned.add(category)
+        return out
+
+    def restore(self) -> list[Action]:
+        out = [self._restore(c) for c in sorted(self.pinned)]
+        self.pinned.clear()
+        return out
+
+    def _restore(self, category: str) -> Action:
+        held = self.found.get(category)
+        return (category, None) if held is None else (category, put_back(held))
 
 
 def schedule(configs: Sequence[Config], repeats: int) -> list[tuple[int, Config]]:

@@ -7,74 +7,122 @@ failed.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from specctl_vllm.controller.bench import (
-    SPECCTL_COUNTERS,
-    VLLM_COUNTERS,
-    BenchError,
-    BenchRequest,
-    Config,
-    Result,
-    aggregate,
-    counter_delta,
-    format_table,
-    overrides_for,
-    parse_config,
-    parse_prometheus_counters,
-    parse_requests,
-    schedule,
-    summarize,
+import typer
+
+from specctl_vllm.controller.bench_overrides import (  # noqa: F401 (apply_overrides, Unreachable: the CLI's API)
+    Refused,
+    Unreachable,
+    apply_overrides,
+    claim,
+    current_overrides,
+    put_back,
 )
+from specctl_vllm.controller.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, URL_ENV, invoke
 
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+if TYPE_CHECKING:  # imported where used: `specctl --help` loads this module and should not load pydantic
+    from specctl_vllm.controller.bench import BenchRequest, Config, Result
+
+#: ``specctl_vllm.controller.trace_bench.DEFAULT_WINDOW_S`` (tests/unit/test_bench_trace_cli.py checks they agree),
+#: here so that ``-h`` shows it without importing the trace model.
+DEFAULT_WINDOW_S = 60.0
 
 
-class Unreachable(RuntimeError):
-    pass
+@dataclass(frozen=True)
+class BenchOptions:
+    """``specctl bench``'s options, as given."""
+
+    requests: Path | None
+    configs: list[str]
+    endpoint: str | None = None
+    controller: str | None = None
+    model: str | None = None
+    concurrency: int = 8
+    repeats: int = 3
+    settle: float = 3.0
+    warmup: int = 2
+    timeout: float = 300.0
+    api_key: str = ""
+    json: Path | None = None
+    plots: Path | None = None
+    baseline: str | None = None
+    no_progress: bool = False
+    replace_overrides: bool = False
+    trace: Path | None = None
+    window_s: float = DEFAULT_WINDOW_S
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specctl bench", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency "
-                    "percentiles and acceptance, per category and overall, for each configuration; interleaved "
-                    "and repeated rounds, with their spread.",
-        epilog="request file: JSON lines {messages | prompt, category?, max_tokens?, response_format?, tools?, "
-               "tool_choice?, temperature?} (docs/bench.md)\n\nexamples:\n"
-               "  specctl bench requests.jsonl --config plain=http://h:8000 --config spec=http://h:8001\n"
-               "  specctl bench requests.jsonl --endpoint http://h:8000 --controller http://h:8081 \\\n"
-               "      --config off --config k=2 --config k=structured:1,chat:4 --config specctl --repeats 3")
-    p.add_argument("requests", type=Path, help="JSON lines, one request per line")
-    p.add_argument("--config", action="append", default=[], dest="configs",
-                   help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")
-    p.add_argument("--endpoint", help="the OpenAI-compatible base URL for override configurations")
-    p.add_argument("--controller", help="the specctl controller's base URL (override configurations; acceptance "
-                                        "per category from its /metrics)")
-    p.add_argument("--model", help="model name sent in requests (default: the endpoint's first /v1/models entry)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds; each measures every configuration (default 3)")
-    p.add_argument("--settle", type=float, default=3.0,
-                   help="seconds to wait after changing overrides, so the engine has the new policy (default 3)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="requests sent to each endpoint before measuring, not counted (default 2)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer token for the endpoints "
-                   "[env OPENAI_API_KEY]")
-    p.add_argument("--json", type=Path, help="write every run and the aggregate as JSON")
-    p.add_argument("--plots", type=Path, help="folder for plots (PNG with matplotlib installed, else SVG)")
-    p.add_argument("--baseline", help="configuration the table compares goodput against (default: the first)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    return p
+def bench(
+    requests: Annotated[Path | None, typer.Argument(
+        show_default=False, help="JSON lines, one request per line (with --trace: the requests a phases trace "
+                                 "draws from; none for a request log)")] = None,
+    configs: Annotated[list[str] | None, typer.Option(
+        "--config", show_default="none",
+        help="NAME=URL (an endpoint), or with --controller: off, k=N, k=CAT:N,..., specctl (repeatable)")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        show_default="none", help="the OpenAI-compatible base URL for override configurations")] = None,
+    replace_overrides: Annotated[bool, typer.Option(
+        "--replace-overrides",
+        help="pin categories that carry an operator's override (put back after the run); without it the bench "
+             "refuses to run over them")] = False,
+    controller: Annotated[str | None, typer.Option(
+        envvar=URL_ENV, show_default="none",
+        help="the specctl controller's base URL (override configurations; acceptance per category from its "
+             "/metrics)")] = None,
+    model: Annotated[str | None, typer.Option(
+        show_default="the endpoint's first /v1/models entry", help="model name sent in requests")] = None,
+    concurrency: Annotated[int, typer.Option(help="requests in flight")] = 8,
+    repeats: Annotated[int, typer.Option(help="rounds; each measures every configuration")] = 3,
+    settle: Annotated[float, typer.Option(
+        help="seconds to wait after changing overrides, so the engine has the new policy")] = 3.0,
+    warmup: Annotated[int, typer.Option(help="requests sent to each endpoint before measuring, not counted")] = 2,
+    timeout: Annotated[float, typer.Option(help="seconds per request")] = 300.0,
+    api_key: Annotated[str, typer.Option(envvar="OPENAI_API_KEY", show_default="none",
+                                         help="bearer token for the endpoints")] = "",
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", show_default="none", help="write every run and the aggregate as JSON")] = None,
+    plots: Annotated[Path | None, typer.Option(
+        show_default="none", help="folder for plots (PNG with matplotlib installed, else SVG)")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        show_default="the first configuration", help="configuration the table compares goodput against")] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars on stderr")] = False,
+    trace: Annotated[Path | None, typer.Option(
+        show_default="none", help="play this trace under each configuration instead of the request file once: "
+                                  "a phases file (bench/trace/day.json) or a request log (JSON lines with \"t\"); "
+                                  "--json then writes trace_run rows (python -m bench trace.report reads them)")] = None,
+    window_s: Annotated[float, typer.Option(
+        "--window-s", help="with a request log: the report's phases are windows of this many seconds")
+    ] = DEFAULT_WINDOW_S,
+) -> None:
+    """Measure your own requests against your endpoint(s): goodput, TTFT and inter-token latency percentiles and
+    acceptance, per category and overall, for each configuration; interleaved and repeated rounds, with their
+    spread.
+
+    Request file: JSON lines {messages | prompt, category?, max_tokens?, response_format?, tools?, tool_choice?,
+    temperature?} (docs/bench.md).
+
+    Examples: specctl bench requests.jsonl --config plain=http://h:8000 --config spec=http://h:8001;
+    specctl bench requests.jsonl --endpoint http://h:8000 --controller http://h:8081 --config off --config k=2
+    --config k=structured:1,chat:4 --config specctl --repeats 3
+    """
+    raise typer.Exit(run(BenchOptions(
+        requests=requests, configs=list(configs or []), endpoint=endpoint, controller=controller, model=model,
+        concurrency=concurrency, repeats=repeats, settle=settle, warmup=warmup, timeout=timeout, api_key=api_key,
+        json=json_out, plots=plots, baseline=baseline, no_progress=no_progress,
+        replace_overrides=replace_overrides, trace=trace, window_s=window_s)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``specctl bench`` on ``argv``; the exit code."""
+    return invoke(bench, argv, "specctl bench")
 
 
 class Progress:
@@ -106,6 +154,8 @@ class Progress:
 async def _one(client: Any, base: str, model: str, request: BenchRequest, timeout: float,
                clock: Callable[[], float]) -> Result:
     import httpx
+
+    from specctl_vllm.controller.bench import Result
 
     path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
     body = {**request.body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
@@ -192,6 +242,8 @@ def first_model(base: str, api_key: str) -> str:
 
 
 def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[str, dict[str, float]] | None:
+    from specctl_vllm.controller.bench import parse_prometheus_counters
+
     if not url:
         return None
     try:
@@ -200,103 +252,54 @@ def scrape(url: str | None, names: dict[str, str], label: str | None) -> dict[st
         return None
 
 
-def apply_overrides(controller: str, config: Config, categories: list[str]) -> None:
-    import httpx
+def parse_configs(args: BenchOptions) -> list[Config]:
+    """The run's configurations and its counts, checked; BenchError with the reason."""
+    from specctl_vllm.controller.bench import BenchError, parse_config
 
-    token = os.environ.get("SPECCTL_ADMIN_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    for category, k in overrides_for(config, categories).items():
-        url = f"{controller.rstrip('/')}/v1/overrides/{category}"
-        try:
-            if k is None:
-                response = httpx.delete(url, params={"reason": "specctl bench", "actor": "specctl-bench"},
-                                        headers=headers, timeout=10.0)
-                if response.status_code == 404:
-                    continue
-            else:
-                body = {"off": True} if k == 0 else {"k": k}
-                response = httpx.put(url, json={**body, "reason": f"specctl bench: {config.name}",
-                                                "actor": "specctl-bench", "ttl_s": 3600}, headers=headers, timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 400:
-            hint = " (set SPECCTL_ADMIN_TOKEN)" if response.status_code in (401, 403) else ""
-            raise Unreachable(f"{url}: HTTP {response.status_code}: {response.text[:200]}{hint}")
+    if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
+        raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
+    if not args.configs:
+        raise BenchError("give at least one --config")
+    configs = [parse_config(c) for c in args.configs]
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise BenchError(f"configuration names repeat: {names}")
+    if any(c.kind == "override" for c in configs) and not (args.controller and args.endpoint):
+        raise BenchError("off / k=N / specctl configurations need --controller and --endpoint")
+    return configs
 
 
-def plot(agg: dict, folder: Path) -> list[Path]:
-    """Goodput per configuration and category (mean with min-max), and TTFT/ITL p50/p99."""
-    folder.mkdir(parents=True, exist_ok=True)
-    configs = list(agg)
-    cats = sorted({c for v in agg.values() for c in v}, key=lambda c: (c != "overall", c))
+def warm_up(args: BenchOptions, base: str, model: str, requests: list[BenchRequest]) -> None:
+    """The first ``--warmup`` requests sent once to an endpoint before it is measured, not counted."""
+    if args.warmup and requests:
+        warm = Progress(f"warm-up {base}", min(args.warmup, len(requests)), not args.no_progress)
+        asyncio.run(run_file(base, model, requests[: args.warmup], args.concurrency, args.timeout, args.api_key,
+                             warm))
+
+
+def run(args: BenchOptions) -> int:
+    """The bench; its exit code."""
+    from specctl_vllm.controller.bench import (
+        SPECCTL_COUNTERS,
+        VLLM_COUNTERS,
+        BenchError,
+        aggregate,
+        counter_delta,
+        format_table,
+        parse_requests,
+        schedule,
+        summarize,
+    )
+
+    if args.trace is not None:
+        from specctl_vllm.controller.bench_trace_cli import run_trace_bench
+
+        return run_trace_bench(args, args.trace)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return _plot_svg(agg, folder, configs, cats)
-    paths = []
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cats) * len(configs) / 2), 4))
-    width = 0.8 / max(len(configs), 1)
-    for i, config in enumerate(configs):
-        means, lo, hi = [], [], []
-        for c in cats:
-            g = agg[config].get(c, {}).get("goodput_tok_s", {})
-            means.append(g.get("mean", 0.0))
-            lo.append(g.get("mean", 0.0) - g.get("min", 0.0))
-            hi.append(g.get("max", 0.0) - g.get("mean", 0.0))
-        xs = [j + i * width for j in range(len(cats))]
-        ax.bar(xs, means, width, yerr=[lo, hi], capsize=3, label=config)
-    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(cats))], cats)
-    ax.set_ylabel("output tokens/s (mean, min-max over rounds)")
-    ax.set_title("Goodput per category")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(folder / "goodput.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, title in ((axes[0], "ttft", "TTFT (ms)"), (axes[1], "itl", "inter-token latency (ms)")):
-        for i, config in enumerate(configs):
-            o = agg[config].get("overall", {})
-            vals = [(o.get(f"{metric}_p{q}_ms") or {}).get("mean") or 0.0 for q in (50, 90, 99)]
-            ax.bar([j + i * width for j in range(3)], vals, width, label=config)
-        ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(3)], ["p50", "p90", "p99"])
-        ax.set_title(f"{title}, overall")
-        ax.legend()
-    fig.tight_layout()
-    paths.append(folder / "latency.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
-
-
-def _plot_svg(agg: dict, folder: Path, configs: list[str], cats: list[str]) -> list[Path]:
-    from specctl_vllm.controller.report import bar_chart
-
-    paths = []
-    for c in cats:
-        values = [agg[k].get(c, {}).get("goodput_tok_s", {}).get("mean", 0.0) for k in configs]
-        path = folder / f"goodput_{c}.svg"
-        path.write_text(bar_chart(f"Goodput: {c}", configs, values, x_label="configuration", y_label="tokens/s"))
-        paths.append(path)
-    return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.concurrency < 1 or args.repeats < 1 or args.warmup < 0:
-            raise BenchError("--concurrency and --repeats must be >= 1, --warmup >= 0")
-        if not args.configs:
-            raise BenchError("give at least one --config")
-        configs = [parse_config(c) for c in args.configs]
+        configs = parse_configs(args)
         names = [c.name for c in configs]
-        if len(set(names)) != len(names):
-            raise BenchError(f"configuration names repeat: {names}")
-        if any(c.kind == "override" for c in configs) and not (args.controller and args.endpoint):
-            raise BenchError("off / k=N / specctl configurations need --controller and --endpoint")
+        if args.requests is None:
+            raise BenchError("give the request file (or --trace FILE)")
         try:
             text = args.requests.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -308,17 +311,22 @@ def main(argv: list[str] | None = None) -> int:
     categories = sorted({r.category for r in requests})
     runs: list[dict[str, Any]] = []
     try:
+        ledger = claim(args.controller, configs, categories, args.replace_overrides)
+    except Refused as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unreachable as exc:
+        print(f"specctl bench: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
         models: dict[str, str] = {}
         for round_, config in schedule(configs, args.repeats):
             base = config.url if config.kind == "endpoint" else args.endpoint.rstrip("/")
             if base not in models:
                 models[base] = args.model or first_model(base, args.api_key)
-                if args.warmup:
-                    warm = Progress(f"warm-up {base}", min(args.warmup, len(requests)), not args.no_progress)
-                    asyncio.run(run_file(base, models[base], requests[: args.warmup], args.concurrency,
-                                         args.timeout, args.api_key, warm))
+                warm_up(args, base, models[base], requests)
             if config.kind == "override":
-                apply_overrides(args.controller, config, categories)
+                apply_overrides(args.controller, ledger.actions(config, categories))
                 time.sleep(args.settle)
             before_ctl = scrape(args.controller, SPECCTL_COUNTERS, "category")
             before_vllm = scrape(base, VLLM_COUNTERS, None)
@@ -350,11 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specctl bench: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     finally:
-        if args.controller and any(c.kind == "override" for c in configs):
-            try:  # leave the controller as it was found: no bench override in force
-                apply_overrides(args.controller, Config("specctl", "override"), categories)
-            except Unreachable as exc:
-                print(f"specctl bench: could not clear the bench's overrides: {exc}", file=sys.stderr)
+        put_back(args.controller, ledger)
     agg = aggregate(runs)
     baseline = args.baseline or configs[0].name
     print(f"{len(requests)} requests x {args.repeats} rounds, concurrency {args.concurrency}; "
@@ -366,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "configs": names, "runs": runs, "aggregate": agg}, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plots:
+        from specctl_vllm.controller.bench_plots import plot
+
         for path in plot(agg, args.plots):
             print(f"wrote {path}")
     return 0

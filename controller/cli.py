@@ -23,35 +23,32 @@ from urllib.parse import quote
 
 import typer
 
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from specctl_vllm.controller import bench_cli, replay_cli, report_cli
+from specctl_vllm.controller.cli_common import (
+    CONTEXT,
+    DEFAULT_URL,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    TYPER_SETTINGS,
+    UrlOpt,
+)
 
-DEFAULT_URL = "http://127.0.0.1:8081"
+__all__ = ["CONTEXT", "DEFAULT_URL", "EXIT_REFUSED", "EXIT_UNREACHABLE", "EXIT_USAGE", "app", "main"]
 
-#: every command takes -h as well as --help, and its help shows each option's default and variable
-CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
-
-#: The server's own rules for what goes into a URL path (checked before anything is sent); kept equal to
-#: specctl_vllm.controller.protocol.CATEGORY_PATTERN (tests/unit/service/test_cli.py checks), without importing pydantic.
-CATEGORY_RULE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 MAX_TTL_S = 30 * 24 * 3600.0
 
-app = typer.Typer(help="Adaptive speculative-decoding controller for vLLM.", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False, context_settings=CONTEXT)
+app = typer.Typer(help="Adaptive speculative-decoding controller for vLLM.", no_args_is_help=True, **TYPER_SETTINGS)
 override_app = typer.Typer(help="Operator overrides: pin k, pin the method, or force speculation off.",
-                           no_args_is_help=True, context_settings=CONTEXT)
+                           no_args_is_help=True, **TYPER_SETTINGS)
 app.add_typer(override_app, name="override")
 
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        import specctl_vllm
 
-        try:
-            typer.echo(f"specctl {version('specctl')}")
-        except PackageNotFoundError:
-            typer.echo("specctl (not installed as a package)")
+        typer.echo(f"specctl ({specctl_vllm.DISTRIBUTION}) {specctl_vllm.version()}")
         raise typer.Exit(0)
 
 
@@ -77,12 +74,21 @@ def printable(text: Any) -> str:
     return "".join(out)
 
 
-def _segment(category: str) -> str:
-    """A category as one URL path segment: checked with the server's rule, then percent-encoded."""
-    if not CATEGORY_RULE.match(category):
-        _fail(f"invalid category {printable(category)!s}: lower-case letters, digits, '_', '.', '-', "
+def _category(written: str) -> str:
+    """The category a written name means, by the controller's own rule (``protocol.category_name``: ``SQL`` is
+    ``sql``), checked before anything is sent; exits 2 when it names none."""
+    from specctl_vllm.controller.protocol import category_name
+
+    named = category_name(written)
+    if named is None:
+        _fail(f"invalid category {printable(written)!s}: letters (folded to lower case), digits, '_', '.', '-', "
               "starting with a letter or digit, at most 64 characters", EXIT_USAGE)
-    return quote(category, safe="")
+    return named
+
+
+def _segment(category: str) -> str:
+    """A category as one URL path segment: named by the controller's rule, then percent-encoded."""
+    return quote(_category(category), safe="")
 
 
 def _ttl(value: float | None) -> float | None:
@@ -90,7 +96,6 @@ def _ttl(value: float | None) -> float | None:
         _fail(f"--ttl must be a finite number of seconds in (0, {MAX_TTL_S:.0f}], got {value}", EXIT_USAGE)
     return value
 
-UrlOpt = Annotated[str, typer.Option("--url", envvar="SPECCTL_CONTROLLER_URL", help="controller base URL")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the raw JSON answer")]
 
 
@@ -149,8 +154,8 @@ def serve(
     port: Annotated[int | None, typer.Option(help="listen port, 0 = any free (env SPECCTL_PORT, default 8081)")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite file (env SPECCTL_DB, default ./specctl.db)")] = None,
     insecure_dev: Annotated[bool, typer.Option("--insecure-dev", help="allow running without tokens (local development only) (env SPECCTL_INSECURE_DEV, default off)")] = False,
-    admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes (env SPECCTL_ADMIN_HOST)")] = None,
-    admin_port: Annotated[int | None, typer.Option(help="port of the admin listener (env SPECCTL_ADMIN_PORT)")] = None,
+    admin_host: Annotated[str | None, typer.Option(help="separate listen address for admin writes (env SPECCTL_ADMIN_HOST, default none)")] = None,
+    admin_port: Annotated[int | None, typer.Option(help="port of the admin listener (env SPECCTL_ADMIN_PORT, default none)")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error (env SPECCTL_LOG_LEVEL, default info)")] = None,
     record_dir: Annotated[Path | None, typer.Option(help="record every ingested telemetry batch here, gzip JSON lines, "
                                                      "rotated and size-capped (env SPECCTL_RECORD_DIR, default off)")] = None,
@@ -262,6 +267,7 @@ def override_set(
     """Pin k, pin the method, or force speculation off for CATEGORY (needs SPECCTL_ADMIN_TOKEN)."""
     if k is None and method is None and not off:
         _fail("give --k N, --method M or --off", EXIT_USAGE)
+    category = _category(category)
     segment = _segment(category)
     body = {"k": k, "method": method, "off": off, "ttl_s": _ttl(ttl), "reason": reason,
             "actor": actor or _default_actor()}
@@ -282,6 +288,7 @@ def override_clear(
 ) -> None:
     """Remove CATEGORY's override; the policy decides again (needs SPECCTL_ADMIN_TOKEN)."""
     params = {"actor": actor or _default_actor(), "reason": reason}
+    category = _category(category)
     answer = _request("DELETE", url, f"/v1/overrides/{_segment(category)}", admin=True, params=params)
     typer.echo(printable(f"override cleared for {category} (audit #{answer['audit']['id']})"))
 
@@ -308,41 +315,11 @@ def override_list(url: UrlOpt = DEFAULT_URL, as_json: JsonOpt = False) -> None:
     typer.echo(format_table(rows, ["category", "override", "actor", "reason"]))
 
 
-# -- replay ------------------------------------------------------------------------------------------
+# -- replay, bench, report (each in its own module, heavy imports deferred to the run) ------------------
 
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
-def replay(ctx: typer.Context) -> None:
-    """Replay recorded telemetry through the policy offline (arguments: see `specctl replay --help`)."""
-    # The command lives in controller/replay_cli.py as ``main(argv: list[str]) -> int``; every argument,
-    # --help included, is handed to it unchanged.
-    try:
-        from specctl_vllm.controller import replay_cli as replay_module
-    except ImportError:
-        _fail("replay is not available in this installation", EXIT_USAGE)
-    raise typer.Exit(replay_module.main(list(ctx.args)))
-
-
-# -- bench -------------------------------------------------------------------------------------------
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
-def bench(ctx: typer.Context) -> None:
-    """Measure your own requests on your endpoint(s), per configuration (see `specctl bench --help`)."""
-    from specctl_vllm.controller import bench_cli
-
-    raise typer.Exit(bench_cli.main(list(ctx.args)))
-
-
-# -- report ------------------------------------------------------------------------------------------
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
-def report(ctx: typer.Context) -> None:
-    """One self-contained HTML report from a live controller or a recording (see `specctl report --help`)."""
-    from specctl_vllm.controller import report_cli
-
-    raise typer.Exit(report_cli.main(list(ctx.args)))
+app.command()(replay_cli.replay)
+app.command()(bench_cli.bench)
+app.command()(report_cli.report)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +48,8 @@ MAX_TOKEN_BUDGET = 2**24
 
 #: Names other tools rely on.
 CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
+#: What a category name may look like where a person or a client writes one (before :func:`category_name` folds it).
+CATEGORY_INPUT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 ENGINE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 METHOD_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,31}$"
 
@@ -64,6 +67,28 @@ METHOD_SUFFIX = "suffix"
 METHOD_OFF = "off"
 #: In a policy, "use whatever drafter the engine was started with".
 METHOD_ENGINE = "engine"
+
+_CATEGORY = re.compile(CATEGORY_PATTERN)
+_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def category_name(raw: object) -> str | None:
+    """The category a written name means, or None when it names none. The one rule for category names, applied
+    wherever a name comes in: the request tag (``vllm_xargs.specctl_category``, read by the engine patch and
+    rewritten by its middleware), the controller's paths and queries, and the ``specctl`` CLI.
+
+    * ASCII upper-case letters fold to lower case: ``SQL``, ``Sql`` and ``sql`` are one category, ``sql``.
+    * The folded name must match :data:`CATEGORY_PATTERN` (1-64 of ``a-z 0-9 _ . -``, starting with a letter or
+      digit); nothing else is folded or trimmed (``Straße`` and ``sql `` name no category).
+    * A name that names no category is refused by the controller (HTTP 422) and the CLI (exit 2); the engine,
+      which never fails a request because of its tag, counts such a request under ``default``.
+
+    Telemetry and policies carry folded names only (:data:`CATEGORY_PATTERN`)."""
+    if not isinstance(raw, str):
+        return None
+    folded = raw.translate(_ASCII_FOLD)
+    return folded if _CATEGORY.fullmatch(folded) else None
+
 
 Category = Annotated[str, Field(pattern=CATEGORY_PATTERN)]
 Method = Annotated[str, Field(pattern=METHOD_PATTERN)]

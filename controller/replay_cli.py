@@ -7,39 +7,35 @@ both) and vLLM's n-gram when installed, and writes output.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import numpy as np
+import typer
 
-from specctl_vllm.controller.core import token_traces
-from specctl_vllm.controller.core.brain import Brain
-from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS
-from specctl_vllm.controller.core.replay import (
-    DEFAULT_KS,
-    DEFAULT_POLICIES,
-    REPLAY_LEARNER,
-    ReplayError,
-    format_report,
-    parse_requests,
-    parse_telemetry,
-    replay,
-    select_model,
-)
-from specctl_vllm.controller.core.replay_path import path_figures
-from specctl_vllm.controller.proposers import PROPOSERS
-from specctl_vllm.controller.protocol import TelemetryBatch
-from specctl_vllm.controller.recording import RecordingError, read_recording
+from specctl_vllm.controller.cli_common import EXIT_USAGE, PresetOpt, invoke
+
+if TYPE_CHECKING:
+    from specctl_vllm.controller.core import token_traces
+    from specctl_vllm.controller.protocol import TelemetryBatch
+
+#: ``specctl_vllm.controller.core.replay.DEFAULT_POLICIES`` / ``DEFAULT_KS`` (tests/unit/test_cli_framework.py
+#: checks they agree), here so that ``-h`` shows them without importing the replay model.
+DEFAULT_POLICIES = "recorded,off,static,goodput,ema_tiers,oracle"
+DEFAULT_KS = "1,2,3,4,6,8"
 
 
 def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngram: str = "auto"
                       ) -> tuple[dict[str, token_traces.Proposer], str]:
     """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
+    import numpy as np
+
+    from specctl_vllm.controller.core.replay import ReplayError
+    from specctl_vllm.controller.proposers import PROPOSERS
+
     out: dict[str, token_traces.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
     used = "patch"
     if engine_method == "ngram" and engine_ngram in ("auto", "vllm"):
@@ -57,95 +53,99 @@ def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngra
     return out, used
 
 
-def _ratio(text: str) -> float:
+def _positive_seconds(values: list[float] | None) -> list[float] | None:
+    for value in values or []:
+        if not 0.0 < value < float("inf"):
+            raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+    return values
+
+
+def replay(
+    telemetry: Annotated[list[Path], typer.Argument(
+        show_default=False, help="recorded telemetry: TelemetryBatch JSON lines, plain or gzip (.jsonl / .jsonl.gz), "
+                                 "or a folder of them (what `specctl serve --record-dir` writes)")],
+    requests: Annotated[list[Path] | None, typer.Option(
+        show_default="none", help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids} "
+                                  "(repeatable)")] = None,
+    policies: Annotated[str, typer.Option(help="comma-separated subset of the default")] = DEFAULT_POLICIES,
+    ks: Annotated[str, typer.Option(help="static k rows, comma-separated")] = DEFAULT_KS,
+    k_max: Annotated[int | None, typer.Option(
+        min=0, show_default="the larger of the engine's and --ks", help="what-if k_max")] = None,
+    batch_size: Annotated[float | None, typer.Option(
+        min=0, show_default="the recorded mean", help="what-if batch size")] = None,
+    preset: PresetOpt = "cpu",
+    category_floor: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, show_default="0: the batch objective alone",
+        help="the goodput policy's category floor, 0..1")] = None,
+    model: Annotated[str | None, typer.Option(
+        show_default="the only one", help="model to replay when the recording holds several")] = None,
+    engine_ngram: Annotated[Literal["auto", "vllm", "patch"], typer.Option(
+        help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")] = "auto",
+    ema_initial_steps: Annotated[int, typer.Option(min=0, help="EMA tiers' configured steps at start")] = 3,
+    timeline: Annotated[bool, typer.Option("--timeline",
+                                           help="also list the goodput policy's decisions over time")] = False,
+    first_s: Annotated[list[float] | None, typer.Option(
+        "--first-s", metavar="SECONDS", show_default="none", callback=_positive_seconds,
+        help="also price the goodput policy's decisions along the recording from a cold start, each batch at the "
+             "decision it ran under, over the first SECONDS of engine time, against every static k over the same "
+             "batches (repeatable)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", show_default="none",
+                                                  help="write the full report here as JSON")] = None,
+) -> None:
+    """What each policy (recorded, off, static k, goodput, EMA tiers, hindsight oracle) would have done on recorded
+    telemetry, per request category, and the goodput it would get.
+
+    Example: specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json
+    """
+    from specctl_vllm.controller.core import replay as model_replay
+    from specctl_vllm.controller.core.replay import ReplayError
+    from specctl_vllm.controller.recording import RecordingError, read_recording
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within 0..1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specctl replay", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="What each policy (recorded, off, static k, goodput, EMA tiers, hindsight oracle) would have "
-                    "done on recorded telemetry, per request category, and the goodput it would get.",
-        epilog="example:\n  specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json")
-    p.add_argument("telemetry", nargs="+", type=Path,
-                   help="recorded telemetry: TelemetryBatch JSON lines, plain or gzip (.jsonl / .jsonl.gz), or a "
-                        "folder of them (what `specctl serve --record-dir` writes)")
-    p.add_argument("--requests", type=Path, action="append", default=[],
-                   help="request token traces, JSON lines {category, prompt_token_ids, output_token_ids}")
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated subset of %(default)s")
-    p.add_argument("--ks", default=",".join(map(str, DEFAULT_KS)), help="static k rows (default %(default)s)")
-    p.add_argument("--k-max", type=int, help="what-if k_max (default: the larger of the engine's and --ks)")
-    p.add_argument("--batch-size", type=float, help="what-if batch size (default: the recorded mean)")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="cost preset the fit is pulled toward")
-    p.add_argument("--category-floor", type=_ratio, default=None,
-                   help="the goodput policy's category floor, 0..1 (default 0: the batch objective alone)")
-    p.add_argument("--model", help="model to replay when the recording holds several")
-    p.add_argument("--engine-ngram", choices=("auto", "vllm", "patch"), default="auto",
-                   help="n-gram used to score traces for an n-gram engine: vLLM's own (if installed) or the patch's")
-    p.add_argument("--ema-initial-steps", type=int, default=3, help="EMA tiers' configured steps at start")
-    p.add_argument("--timeline", action="store_true", help="also list the goodput policy's decisions over time")
-    p.add_argument("--first-s", type=_seconds, action="append", default=[], metavar="SECONDS",
-                   help="also price the goodput policy's decisions along the recording from a cold start, each batch "
-                        "at the decision it ran under, over the first SECONDS, against every static k over the same "
-                        "batches (repeatable)")
-    p.add_argument("--json", type=Path, help="write the full report here as JSON")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        batches = load_batches(args.telemetry)
-        batches = select_model(batches, args.model)
-        traces = [t for source, lines in read_recording(args.requests).parts for t in parse_requests(lines, source)]
+        batches = load_batches(telemetry)
+        batches = model_replay.select_model(batches, model)
+        traces = [t for source, lines in read_recording(requests or []).parts
+                  for t in model_replay.parse_requests(lines, source)]
         proposers: dict[str, token_traces.Proposer] = {}
         if traces and batches:
             spec = batches[-1].spec
-            proposers, used = default_proposers(spec.method, spec.model_free_methods, args.engine_ngram)
+            proposers, used = default_proposers(spec.method, spec.model_free_methods, engine_ngram)
             print(f"scoring {len(traces)} request traces with {', '.join(proposers)} (n-gram: {used})",
                   file=sys.stderr)
-        ks = [int(x) for x in args.ks.split(",") if x.strip()]
-        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-        report = replay(batches, traces, proposers, policies=policies, ks=ks, k_max=args.k_max,
-                        batch_size=args.batch_size, preset=args.preset, ema_initial_steps=args.ema_initial_steps,
-                        timeline=args.timeline, category_floor=args.category_floor)
-        path = _format_path(batches, args) if args.first_s else ""
-    except (OSError, RecordingError) as exc:
+        try:
+            k_rows = [int(x) for x in ks.split(",") if x.strip()]
+        except ValueError:
+            raise ReplayError(f"--ks: comma-separated integers, got {ks!r}") from None
+        names = [x.strip() for x in policies.split(",") if x.strip()]
+        report = model_replay.replay(batches, traces, proposers, policies=names, ks=k_rows, k_max=k_max,
+                                     batch_size=batch_size, preset=preset, ema_initial_steps=ema_initial_steps,
+                                     timeline=timeline, category_floor=category_floor)
+        path = _format_path(batches, preset, category_floor, k_rows, k_max, first_s) if first_s else ""
+    except (OSError, RecordingError, ReplayError) as exc:
         print(f"specctl replay: {exc}", file=sys.stderr)
-        return 2
-    except ReplayError as exc:
-        print(f"specctl replay: {exc}", file=sys.stderr)
-        return 2
-    print(format_report(report))
+        raise typer.Exit(EXIT_USAGE) from None
+    print(model_replay.format_report(report))
     if path:
         print(path)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
-        print(f"\nwrote {args.json}")
-    return 0
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=1, default=_jsonable))
+        print(f"\nwrote {json_out}")
 
 
-def _format_path(batches: Sequence[TelemetryBatch], args: argparse.Namespace) -> str:
-    brain = Brain(BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=args.preset,
-                                                             category_floor=args.category_floor or 0.0)))
-    ks = [int(x) for x in args.ks.split(",") if x.strip()]
-    figs = path_figures(batches, brain, preset=args.preset, ks=ks, k_max=args.k_max, windows=args.first_s)
+def main(argv: list[str] | None = None) -> int:
+    """``specctl replay`` on ``argv``; the exit code."""
+    return invoke(replay, argv, "specctl replay")
+
+
+def _format_path(batches: Sequence[TelemetryBatch], preset: str, category_floor: float | None, ks: list[int],
+                 k_max: int | None, windows: Sequence[float]) -> str:
+    from specctl_vllm.controller.core.brain import Brain
+    from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
+    from specctl_vllm.controller.core.replay import REPLAY_LEARNER
+    from specctl_vllm.controller.core.replay_path import path_figures
+
+    brain = Brain(BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor or 0.0)))
+    figs = path_figures(batches, brain, preset=preset, ks=ks, k_max=k_max, windows=windows)
     out = ["", "goodput policy along the recording from cold, vs the best static k over the same batches:"]
     for w, f in figs.items():
         if f.off <= 0:
@@ -161,6 +161,9 @@ def load_batches(paths: Sequence[Path]) -> list[TelemetryBatch]:
     """Every batch of the recordings (files or folders, plain or gzip), with the reader's notes on stderr.
 
     Raises :class:`RecordingError` / :class:`ReplayError` with the file (and line) at fault."""
+    from specctl_vllm.controller.core.replay import ReplayError, parse_telemetry
+    from specctl_vllm.controller.recording import read_recording
+
     recording = read_recording(paths)
     for note in recording.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -173,9 +176,15 @@ def load_batches(paths: Sequence[Path]) -> list[TelemetryBatch]:
 
 
 def _jsonable(x):
+    import numpy as np
+
     if isinstance(x, np.generic):
         return x.item()
     try:
         return asdict(x)
     except TypeError:
         return str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,20 +17,22 @@ Time is injected (``generated_at``); nothing here reads a clock, a file or the n
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
+from specctl_vllm.controller.core.replay import engine_clock
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.report_svg import PAD_L, bar_chart, esc, line_chart
+
+__all__ = ["PAD_L", "ReportError", "bar_chart", "decision_row", "from_live", "from_recording", "line_chart",
+           "render_html"]
 
 #: Half-lives as long as allowed: a recording is weighted evenly (as in ``specctl replay``).
 REPORT_LEARNER = LearnerSettings(half_life_s=86_400, mix_half_life_s=3_600, cost_half_life_s=86_400)
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
 
 
 class ReportError(ValueError):
@@ -70,7 +72,7 @@ def ran_per_batch(batch: TelemetryBatch) -> dict[str, tuple[float, str]]:
 
 def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = None, preset: str = "cpu",
                    generated_at: float = 0.0, source: str = "recording", max_points: int = 400) -> dict[str, Any]:
-    """Feed the recording through the controller's Brain (on the recording's own clock) and describe the end
+    """Feed the recording through the controller's Brain (on the engines' own step clock: ``engine_clock``) and describe the end
     state, with the k/method that ran and that the policy chose along the way."""
     if not batches:
         raise ReportError("no telemetry batches")
@@ -83,19 +85,19 @@ def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = Non
     if not batches:
         raise ReportError(f"no telemetry for model {model!r} (found {models})")
     brain = Brain(BrainConfig(REPORT_LEARNER, PolicySettings(cost_preset=preset)))
-    t0 = now = batches[0].sent_at
-    every = max((batches[-1].sent_at - t0) / max(max_points, 1), brain.config.policy.interval_s)
-    next_sample = t0
+    timed, clock_notes = engine_clock(batches)  # the engines' step clock, never sent_at
+    now = 0.0
+    every = max(timed[-1][0] / max(max_points, 1), brain.config.policy.interval_s)
+    next_sample = 0.0
     timeline: list[dict[str, Any]] = []
     rejected = 0
-    for b in batches:
-        now = max(now, b.sent_at)
+    for now, b in timed:
         try:
             brain.ingest(b, now)
         except IngestRejected:
             rejected += 1
             continue
-        t = round(now - t0, 3)
+        t = round(now, 3)
         for name, (k, method) in sorted(ran_per_batch(b).items()):
             timeline.append({"t_s": t, "category": name, "k": round(k, 3), "method": method, "series": "ran"})
         if now >= next_sample:
@@ -105,11 +107,12 @@ def from_recording(batches: Sequence[TelemetryBatch], *, model: str | None = Non
                 timeline.append({"t_s": t, "category": name, "k": cp.k, "method": method if cp.k else METHOD_OFF,
                                  "series": "policy"})
             next_sample = now + every
-    notes = [f"{rejected} batches refused by the controller logic and skipped"] if rejected else []
+    notes = list(clock_notes)
+    notes += [f"{rejected} batches refused by the controller logic and skipped"] if rejected else []
     notes.append("overrides are not part of a recording: the live report (--url) lists them")
     return {
         "source": source, "model": model, "generated_at": generated_at,
-        "span_s": round(now - t0, 3), "batches": len(batches),
+        "span_s": round(now, 3), "batches": len(batches),
         "categories": [v.to_dict() for v in brain.categories(now) if v.model == model],
         "overrides": None, "timeline": _thin(timeline, max_points), "notes": notes,
     }
@@ -155,108 +158,6 @@ def _thin(rows: list[dict[str, Any]], max_points: int) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["t_s"], r["series"], r["category"]))
 
 
-# --- SVG -------------------------------------------------------------------------------------------------------
-
-W, H, PAD_L, PAD_B, PAD_T, PAD_R = 420, 220, 56, 34, 22, 12
-
-
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _num(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".") if abs(x) < 1e6 else f"{x:.3g}"
-
-
-def _axes(title: str, x_label: str, y_label: str, y_max: float, y_ticks: int = 4, y_fmt=_num) -> list[str]:
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">',
-           f"<title>{_esc(title)}</title>",
-           f'<text x="{W / 2}" y="14" text-anchor="middle" class="t">{_esc(title)}</text>',
-           f'<line x1="{PAD_L}" y1="{H - PAD_B}" x2="{W - PAD_R}" y2="{H - PAD_B}" class="ax"/>',
-           f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{H - PAD_B}" class="ax"/>',
-           f'<text x="{(PAD_L + W - PAD_R) / 2}" y="{H - 4}" text-anchor="middle" class="l">{_esc(x_label)}</text>',
-           (f'<text x="10" y="{(PAD_T + H - PAD_B) / 2}" text-anchor="middle" class="l" '
-            f'transform="rotate(-90 10 {(PAD_T + H - PAD_B) / 2})">{_esc(y_label)}</text>')]
-    for i in range(y_ticks + 1):
-        v = y_max * i / y_ticks
-        y = _y(v, y_max)
-        out.append(f'<line x1="{PAD_L - 3}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" class="g"/>')
-        out.append(f'<text x="{PAD_L - 5}" y="{y + 3:.1f}" text-anchor="end" class="n">{_esc(y_fmt(v))}</text>')
-    return out
-
-
-def _y(v: float, y_max: float) -> float:
-    return H - PAD_B - (v / y_max if y_max > 0 else 0.0) * (H - PAD_B - PAD_T)
-
-
-def _x(v: float, x_min: float, x_max: float) -> float:
-    span = (x_max - x_min) or 1.0
-    return PAD_L + (v - x_min) / span * (W - PAD_L - PAD_R)
-
-
-def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, x_label: str, y_label: str,
-              y_max: float | None = None, errors: Sequence[tuple[float, float]] | None = None,
-              percent: bool = False, marker: tuple[float, str] | None = None) -> str:
-    """Vertical bars; ``errors`` (low, high) whiskers; ``marker`` (x in label units from 0, text): a line."""
-    top = y_max if y_max is not None else max([*values, 1e-9]) * 1.15
-    fmt = (lambda v: f"{v * 100:.0f}%") if percent else _num
-    out = _axes(title, x_label, y_label, top, y_fmt=fmt)
-    n = max(len(values), 1)
-    slot = (W - PAD_L - PAD_R) / n
-    for i, (label, v) in enumerate(zip(labels, values)):
-        x = PAD_L + i * slot + slot * 0.15
-        y = _y(v, top)
-        out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{H - PAD_B - y:.1f}" '
-                   f'class="b"><title>{_esc(label)}: {_esc(fmt(v))}</title></rect>')
-        out.append(f'<text x="{x + slot * 0.35:.1f}" y="{H - PAD_B + 12}" text-anchor="middle" class="n">'
-                   f"{_esc(label)}</text>")
-        if errors is not None and i < len(errors):
-            lo, hi = errors[i]
-            cx = x + slot * 0.35
-            out.append(f'<line x1="{cx:.1f}" y1="{_y(lo, top):.1f}" x2="{cx:.1f}" y2="{_y(hi, top):.1f}" class="e"/>')
-    if marker is not None:
-        pos, text = marker
-        mx = PAD_L + pos * slot
-        out.append(f'<line x1="{mx:.1f}" y1="{PAD_T}" x2="{mx:.1f}" y2="{H - PAD_B}" class="m"/>')
-        out.append(f'<text x="{mx + 3:.1f}" y="{PAD_T + 10}" class="n">{_esc(text)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def line_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *, x_label: str, y_label: str,
-               step: bool = False, y_max: float | None = None, notes: Mapping[str, str] | None = None) -> str:
-    """One polyline per series (``step``: held until the next point); a legend under the title."""
-    points = [p for pts in series.values() for p in pts]
-    if not points:
-        return f"<p class=\"empty\">{_esc(title)}: no data</p>"
-    x_min = min(p[0] for p in points)
-    x_max = max(p[0] for p in points)
-    top = y_max if y_max is not None else max(max(p[1] for p in points) * 1.15, 1e-9)
-    out = _axes(title, x_label, y_label, top)
-    out.append(f'<text x="{PAD_L}" y="{H - PAD_B + 12}" class="n">{_esc(_num(x_min))}</text>')
-    out.append(f'<text x="{W - PAD_R}" y="{H - PAD_B + 12}" text-anchor="end" class="n">{_esc(_num(x_max))}</text>')
-    for i, (name, pts) in enumerate(series.items()):
-        colour = PALETTE[i % len(PALETTE)]
-        coords: list[str] = []
-        last_y = None
-        for x, y in sorted(pts):
-            px, py = _x(x, x_min, x_max), _y(y, top)
-            if step and last_y is not None:
-                coords.append(f"{px:.1f},{last_y:.1f}")
-            coords.append(f"{px:.1f},{py:.1f}")
-            last_y = py
-        if len(coords) == 1:
-            cx, cy = coords[0].split(",")
-            out.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>')
-        else:
-            out.append(f'<polyline points="{" ".join(coords)}" fill="none" stroke="{colour}" stroke-width="1.6">'
-                       f"<title>{_esc(name)}</title></polyline>")
-        label = name + (f" ({notes[name]})" if notes and name in notes else "")
-        out.append(f'<text x="{PAD_L + 6}" y="{PAD_T + 10 + 11 * i}" class="n" fill="{colour}">{_esc(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
-
-
 # --- the page --------------------------------------------------------------------------------------------------
 
 CSS = """
@@ -266,7 +167,7 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid 
 svg .t{font-size:12px;font-weight:600}svg .l{font-size:10px;fill:#444}svg .n{font-size:9px;fill:#333}
 svg .ax{stroke:#444}svg .g{stroke:#eee}svg .b{fill:#4c78a8}svg .e{stroke:#222}svg .m{stroke:#d62728;stroke-dasharray:3 2}
 table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}
-.empty{color:#888}.note{color:#555;font-size:0.9em}
+.empty{color:#888}.note{color:#555;font-size:0.9em}tr.chosen td{font-weight:600;background:#eef4fb}
 """
 
 
@@ -274,12 +175,14 @@ def _category_section(view: Mapping[str, Any]) -> str:
     name = view["category"]
     dist = list(view.get("acceptance_length_distribution") or [])
     mal = view.get("mean_acceptance_length")
-    parts = [f"<h2>{_esc(name)}</h2>"]
+    parts = [f"<h2>{esc(name)}</h2>"]
     decision = view.get("decision") or {}
     if decision:
-        parts.append(f"<p>decision: k={_esc(decision.get('k'))} method={_esc(decision.get('method'))} "
-                     f"source={_esc(decision.get('source'))}; estimated {_esc(decision.get('estimated_speedup'))}x "
-                     f"plain decoding; {_esc(decision.get('reason', ''))}</p>")
+        row = decision_row(decision)
+        estimate = ("" if row is None else f"; estimated {row['speedup']:.2f}× plain decoding "
+                    f"({row['goodput_tokens_per_s']:.1f} tokens/s, the table's k={row['k']} row)")
+        parts.append(f"<p>decision: k={esc(decision.get('k'))}, method {esc(decision.get('method'))}, from "
+                     f"{esc(decision.get('source'))}{esc(estimate)}. Why: {esc(decision.get('reason', ''))}</p>")
     charts = []
     if dist and sum(dist) > 0:
         labels = [str(j + 1) for j in range(len(dist))]
@@ -288,7 +191,7 @@ def _category_section(view: Mapping[str, Any]) -> str:
                                 "(tokens per verified draft = 1 + accepted)", y_label="share of drafts",
                                 percent=True, marker=marker))
     else:
-        charts.append(f'<p class="empty">{_esc(name)}: no drafts yet</p>')
+        charts.append(f'<p class="empty">{esc(name)}: no drafts yet</p>')
     positions = view.get("positions") or []
     if positions:
         charts.append(bar_chart(
@@ -301,13 +204,25 @@ def _category_section(view: Mapping[str, Any]) -> str:
             f"Estimated goodput vs k at batch {float(decision.get('batch_size') or 0):.1f}: {name}",
             {"goodput": [(row["k"], row["goodput_tokens_per_s"]) for row in table]},
             x_label="k (draft tokens per step)", y_label="tokens/s", y_max=None))
-        rows = "".join(f"<tr><td>{r['k']}</td><td>{_esc(r['method'])}</td><td>{r['expected_committed']:.3f}</td>"
-                       f"<td>{r['step_ms']:.2f}</td><td>{r['goodput_tokens_per_s']:.1f}</td>"
-                       f"<td>{r['speedup']:.3f}</td></tr>" for r in table)
+        # the page's estimate is the table's row for the decision: one source for the text and the table
+        chosen = decision_row(decision)
+        mark = ' class="chosen"'
+        rows = "".join(f"<tr{mark if r is chosen else ''}><td>{r['k']}</td><td>{esc(r['method'])}</td>"
+                       f"<td>{r['expected_committed']:.2f}</td><td>{r['step_ms']:.2f}</td>"
+                       f"<td>{r['goodput_tokens_per_s']:.1f}</td><td>{r['speedup']:.2f}×</td></tr>" for r in table)
         charts.append("<table><tr><th>k</th><th>method</th><th>E(k)</th><th>step ms</th><th>goodput tok/s</th>"
                       f"<th>vs plain</th></tr>{rows}</table>")
     parts.append('<div class="row">' + "".join(f'<div class="card">{c}</div>' for c in charts) + "</div>")
     return "\n".join(parts)
+
+
+def decision_row(decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The goodput-table row of the decision (its k and method; k = 0 is plain decoding), or None."""
+    k = decision.get("k")
+    for r in decision.get("goodput_table") or []:
+        if r["k"] == k and (k == 0 or r["method"] == decision.get("method")):
+            return r
+    return None
 
 
 def _timeline_section(timeline: Iterable[Mapping[str, Any]]) -> str:
@@ -327,15 +242,15 @@ def _timeline_section(timeline: Iterable[Mapping[str, Any]]) -> str:
         if by_cat:
             notes = {c: ", ".join(f"{m} {n * 100 // sum(per.values())}%" for m, n in sorted(per.items()))
                      for c, per in methods.items()}
-            charts.append(line_chart(label, by_cat, x_label="seconds", y_label="k", step=series == "policy",
-                                     notes=notes))
+            charts.append(line_chart(label, by_cat, x_label="seconds of engine time", y_label="k",
+                                     step=series == "policy", notes=notes, integer_y=True))
     changes = []
     last: dict[str, str] = {}
     for r in rows:
         if r["series"] == "policy":
             value = f"{r['method']}:{r['k']}"
             if last.get(r["category"]) != value:
-                changes.append(f"<tr><td>{r['t_s']:.1f}</td><td>{_esc(r['category'])}</td><td>{_esc(value)}</td></tr>")
+                changes.append(f"<tr><td>{r['t_s']:.1f}</td><td>{esc(r['category'])}</td><td>{esc(value)}</td></tr>")
                 last[r["category"]] = value
     table = ("<table><tr><th>t (s)</th><th>category</th><th>method:k</th></tr>" + "".join(changes[:200])
              + "</table>") if changes else ""
@@ -343,14 +258,52 @@ def _timeline_section(timeline: Iterable[Mapping[str, Any]]) -> str:
             + "".join(f'<div class="card">{c}</div>' for c in charts) + f"</div><h3>policy changes</h3>{table}")
 
 
+def when(ts: float | None) -> str:
+    """A Unix time as a UTC date and time, to the second."""
+    if ts is None:
+        return "never"
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds in the largest units that keep it readable: 42 s, 3 min 20 s, 2 h 5 min, 3 d 4 h."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{s:.1f} s" if s < 10 and s != int(s) else f"{s:.0f} s"
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            whole, rest = divmod(round(s), size)
+            return f"{whole} {unit}" + (f" {rest // sub_size} {sub}" if rest // sub_size else "")
+    return f"{s:.0f} s"
+
+
+def override_row(o: Mapping[str, Any]) -> dict[str, str]:
+    """One override as a person reads it (no raw floats, None, lists or booleans)."""
+    if o.get("off"):
+        what = "speculation off"
+    else:
+        what = ", ".join(f"{name} = {o[name]}" for name in ("k", "method") if o.get(name) is not None) or "-"
+    remaining = o.get("ttl_remaining_s")
+    expires = when(o.get("expires_at")) if o.get("expires_at") is not None else "never"
+    if remaining is not None:
+        expires += f" (in {duration(remaining)})"
+    return {"category": str(o.get("category", "")), "pins": what, "set by": str(o.get("actor") or "-"),
+            "reason": str(o.get("reason") or "-"), "set at": when(o["created_at"]) if o.get("created_at") else "-",
+            "expires": expires}
+
+
 def _overrides_section(overrides: Sequence[Mapping[str, Any]] | None) -> str:
     if overrides is None:
         return '<h2>Overrides</h2><p class="empty">not known from a recording (use --url on a live controller)</p>'
     if not overrides:
         return "<h2>Overrides</h2><p>none in force</p>"
-    keys = sorted({k for o in overrides for k in o})
-    head = "".join(f"<th>{_esc(k)}</th>" for k in keys)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(o.get(k, ''))}</td>" for k in keys) + "</tr>" for o in overrides)
+    rows = [override_row(o) for o in overrides]
+    head = "".join(f"<th>{esc(k)}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
     return f"<h2>Overrides</h2><table><tr>{head}</tr>{body}</table>"
 
 
@@ -358,18 +311,19 @@ def render_html(data: Mapping[str, Any]) -> str:
     """The whole page (UTF-8 text)."""
     cats = sorted(data.get("categories") or [], key=lambda v: v["category"])
     summary = "".join(
-        f"<tr><td>{_esc(v['category'])}</td><td>{_esc((v.get('decision') or {}).get('k', ''))}</td>"
-        f"<td>{_esc((v.get('decision') or {}).get('method', ''))}</td>"
+        f"<tr><td>{esc(v['category'])}</td><td>{esc((v.get('decision') or {}).get('k', ''))}</td>"
+        f"<td>{esc((v.get('decision') or {}).get('method', ''))}</td>"
         f"<td>{'' if v.get('mean_acceptance_length') is None else format(v['mean_acceptance_length'], '.2f')}</td>"
-        f"<td>{_esc(v.get('request_steps', ''))}</td><td>{_esc((v.get('entropy') or {}).get('class', ''))}</td></tr>"
+        f"<td>{esc(v.get('request_steps', ''))}</td><td>{esc((v.get('entropy') or {}).get('class', ''))}</td></tr>"
         for v in cats)
-    notes = "".join(f'<p class="note">note: {_esc(n)}</p>' for n in data.get("notes") or [])
+    notes = "".join(f'<p class="note">note: {esc(n)}</p>' for n in data.get("notes") or [])
     span = data.get("span_s")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>specctl report: {_esc(data.get('model', ''))}</title>", f"<style>{CSS}</style></head><body>",
-        f"<h1>specctl report: {_esc(data.get('model', ''))}</h1>",
-        (f"<p>source: {_esc(data.get('source', ''))}; span {_esc(span)} s; "
+        f"<title>specctl report: {esc(data.get('model', ''))}</title>", f"<style>{CSS}</style></head><body>",
+        f"<h1>specctl report: {esc(data.get('model', ''))}</h1>",
+        (f"<p>source: {esc(data.get('source', ''))}; generated {esc(when(data.get('generated_at')))}; "
+         f"span {esc(duration(span))} of engine time; "
          f"{len(cats)} categories. Mean acceptance length = 1 + accepted draft tokens per verified draft "
          "(vLLM's definition).</p>"), notes,
         ("<table><tr><th>category</th><th>k</th><th>method</th><th>mean acceptance length</th>"

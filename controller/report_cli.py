@@ -7,49 +7,57 @@ recording), 3 the controller could not be reached or answered with an error.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from specctl_vllm.controller.core.cost import PRESETS
-from specctl_vllm.controller.core.replay import ReplayError
-from specctl_vllm.controller.recording import RecordingError
-from specctl_vllm.controller.report import ReportError, from_live, from_recording, render_html
+import typer
 
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from specctl_vllm.controller.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, URL_ENV, PresetOpt, invoke
 
 
 class LiveError(RuntimeError):
     """The controller could not be reached, or answered with an error."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="specctl report", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="One self-contained HTML page (inline SVG, no script): per-category acceptance-length "
-                    "histograms, acceptance per draft position, k and method over time, estimated goodput "
-                    "against k at the current load, overrides. From a recording or from a live controller.",
-        epilog="examples:\n"
-               "  specctl report recordings/ --out report.html            # a folder written by --record-dir\n"
-               "  specctl report --url http://127.0.0.1:8081 --samples 30 --interval 2 --out live.html")
-    p.add_argument("recording", nargs="*", type=Path,
-                   help="telemetry recordings (.jsonl / .jsonl.gz files or folders); or use --url")
-    p.add_argument("--url", help="a live controller's base URL instead of a recording")
-    p.add_argument("--samples", type=int, default=1, help="live: answers to take for k over time (default 1)")
-    p.add_argument("--interval", type=float, default=5.0, help="live: seconds between samples (default 5)")
-    p.add_argument("--model", help="model to report when there are several")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
-                   help="recording: cost preset the controller's fit starts from (default cpu)")
-    p.add_argument("--out", type=Path, default=Path("specctl-report.html"), help="HTML file to write")
-    p.add_argument("--json", type=Path, help="also write the report's data as JSON")
-    p.add_argument("--png", type=Path, help="also write the charts as PNG files into this folder (needs matplotlib: "
-                                            "pip install 'specctl-vllm[plots]')")
-    return p
+def report(
+    ctx: typer.Context,
+    recording: Annotated[list[Path] | None, typer.Argument(
+        show_default=False, help="telemetry recordings (.jsonl / .jsonl.gz files or folders); or use --url")] = None,
+    url: Annotated[str | None, typer.Option(
+        envvar=URL_ENV, show_default="none",
+        help="a live controller's base URL instead of a recording (the variable is ignored when a recording is "
+             "given)")] = None,
+    samples: Annotated[int, typer.Option(help="live: answers to take for k over time")] = 1,
+    interval: Annotated[float, typer.Option(help="live: seconds between samples")] = 5.0,
+    model: Annotated[str | None, typer.Option(
+        show_default="the only one", help="model to report when there are several")] = None,
+    preset: PresetOpt = "cpu",
+    out: Annotated[Path, typer.Option(help="HTML file to write")] = Path("specctl-report.html"),
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", show_default="none", help="also write the report's data as JSON")] = None,
+    png: Annotated[Path | None, typer.Option(
+        show_default="none", help="also write the charts as PNG files into this folder (needs matplotlib: "
+                                  "pip install 'specctl-vllm[plots]')")] = None,
+) -> None:
+    """One self-contained HTML page (inline SVG, no script): per-category acceptance-length histograms, acceptance
+    per draft position, k and method over time, estimated goodput against k at the current load, overrides. From a
+    recording or from a live controller.
+
+    Examples: specctl report recordings/ --out report.html (a folder written by --record-dir);
+    specctl report --url http://127.0.0.1:8081 --samples 30 --interval 2 --out live.html
+    """
+    injected = ctx.obj or {}
+    clock: Callable[[], float] = injected.get("clock", time.time)
+    sleep: Callable[[float], None] = injected.get("sleep", time.sleep)
+    source = ctx.get_parameter_source("url")
+    if recording and url and getattr(source, "name", None) == "ENVIRONMENT":
+        url = None  # a recording named on the command line beats the environment's controller
+    raise typer.Exit(write_report(recording or [], url, samples=samples, interval=interval, model=model,
+                                  preset=preset, out=out, json_out=json_out, png=png, clock=clock, sleep=sleep))
 
 
 def write_pngs(data: dict, folder: Path) -> list[Path]:
@@ -125,27 +133,31 @@ def fetch_live(url: str, samples: int, interval: float, sleep: Callable[[float],
     return taken[-1][1], get("/v1/overrides"), taken
 
 
-def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.time,
-         sleep: Callable[[float], None] = time.sleep) -> int:
-    args = build_parser().parse_args(argv)
-    if bool(args.recording) == bool(args.url):
+def write_report(recording: list[Path], url: str | None, *, samples: int, interval: float, model: str | None,
+                 preset: str, out: Path, json_out: Path | None, png: Path | None, clock: Callable[[], float],
+                 sleep: Callable[[float], None]) -> int:
+    """Gather, render and write; the exit code (0 written, 2 bad input, 3 the controller failed)."""
+    from specctl_vllm.controller.core.replay import ReplayError
+    from specctl_vllm.controller.recording import RecordingError
+    from specctl_vllm.controller.report import ReportError, from_live, from_recording, render_html
+
+    if bool(recording) == bool(url):
         print("specctl report: give either recording files/folders or --url, not both (and not neither)",
               file=sys.stderr)
         return EXIT_USAGE
-    if args.samples < 1 or args.interval < 0:
+    if samples < 1 or interval < 0:
         print("specctl report: --samples must be >= 1 and --interval >= 0", file=sys.stderr)
         return EXIT_USAGE
     try:
-        if args.url:
-            categories, overrides, samples = fetch_live(args.url, args.samples, args.interval, sleep, clock)
-            data = from_live(categories, overrides, samples, source=args.url, model=args.model,
-                             generated_at=clock())
+        if url:
+            categories, overrides, taken = fetch_live(url, samples, interval, sleep, clock)
+            data = from_live(categories, overrides, taken, source=url, model=model, generated_at=clock())
         else:
             from specctl_vllm.controller.replay_cli import load_batches
 
-            batches = load_batches(args.recording)
-            data = from_recording(batches, model=args.model, preset=args.preset, generated_at=clock(),
-                                  source=", ".join(map(str, args.recording)))
+            batches = load_batches(recording)
+            data = from_recording(batches, model=model, preset=preset, generated_at=clock(),
+                                  source=", ".join(map(str, recording)))
     except LiveError as exc:
         print(f"specctl report: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -153,22 +165,28 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.tim
         print(f"specctl report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        args.out.write_text(render_html(data), encoding="utf-8")
-        if args.json:
-            args.json.write_text(json.dumps(data, indent=1) + "\n")
-        if args.png:
+        out.write_text(render_html(data), encoding="utf-8")
+        if json_out:
+            json_out.write_text(json.dumps(data, indent=1) + "\n")
+        if png:
             try:
-                pngs = write_pngs(data, args.png)
+                pngs = write_pngs(data, png)
             except ImportError:
                 print("specctl report: --png needs matplotlib (pip install 'specctl-vllm[plots]'); the HTML was "
                       "written", file=sys.stderr)
                 return EXIT_USAGE
-            print(f"wrote {len(pngs)} PNG files into {args.png}")
+            print(f"wrote {len(pngs)} PNG files into {png}")
     except OSError as exc:
         print(f"specctl report: cannot write: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"wrote {args.out} ({len(data['categories'])} categories)")
+    print(f"wrote {out} ({len(data['categories'])} categories)")
     return 0
+
+
+def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.time,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    """``specctl report`` on ``argv``; the exit code."""
+    return invoke(report, argv, "specctl report", obj={"clock": clock, "sleep": sleep})
 
 
 if __name__ == "__main__":

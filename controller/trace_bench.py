@@ -81,7 +81,7 @@ def parse_trace_input(text: str, source: str, window_s: float = DEFAULT_WINDOW_S
     phases = []
     for i in range(n_windows):
         cats = {r.request.category for r in log if i * window_s <= r.t < (i + 1) * window_s} or {"default"}
-        phases.append({"name": f"t{int(i * window_s)}", "duration_s": window_s, "rate_rps": 1.0,
+        phases.append({"name": f"t{i * window_s:g}", "duration_s": window_s, "rate_rps": 1.0,
                        "mix": {c: 1 for c in sorted(cats)}})
     try:
         return TraceInput(parse_trace({"name": source, "phases": phases}), log)
@@ -205,7 +205,7 @@ async def run_trace(base: str, model: str, trace_input: TraceInput, pool: Mappin
             phase = trace.phases[i]
             if i != current:
                 current, next_arrival = i, None
-            if log:
+            if trace_input.log:  # a request log sends its own requests only, also once all are sent
                 while log and log[0].t <= t:
                     item = log.pop(0)
                     launch(item.request, item.request.category, item.request.max_tokens)

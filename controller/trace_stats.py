@@ -93,17 +93,21 @@ def analyse(rows: list[dict]) -> dict:
     return out
 
 
+def _spread(g: dict) -> str:
+    return "n/a" if g["spread"] is None else f"{g['spread']:.1%}"  # None: a median of 0 (nothing committed)
+
+
 def table(result: dict) -> str:
     """A markdown table: goodput per configuration, median (min-max), and the ratios."""
     lines = ["| configuration | goodput tok/s, median (min-max) | spread | repeats |", "|---|---|---|---|"]
     names = sorted(result["configs"], key=lambda c: (not c.startswith("specctl"), c))
     for c in names:
         g = result["configs"][c]["goodput"]
-        lines.append(f"| {c} | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | {g['spread']:.1%} | {g['n']} |")
+        lines.append(f"| {c} | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | {_spread(g)} | {g['n']} |")
     if "oracle" in result:
         g = result["oracle"]
         lines.append(f"| per-phase static oracle | {g['median']:.0f} ({g['min']:.0f}-{g['max']:.0f}) | "
-                     f"{g['spread']:.1%} | {g['n']} |")
+                     f"{_spread(g)} | {g['n']} |")
     lines += ["", "| ratio (per repeat) | median (min-max) |", "|---|---|"]
     for name, r in result.get("ratios", {}).items():
         if r:
@@ -124,5 +128,5 @@ def phase_table(result: dict) -> str:
             v = result["configs"][c]["phases"][i]["median"]
             best = result.get("oracle_choice", {}).get(p) == c
             cells.append(f"**{v:.0f}**" if best else f"{v:.0f}")
-        lines.append(f"| {p} | {result['phase_seconds'][i]:.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {p} | {result['phase_seconds'][i]:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

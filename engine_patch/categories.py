@@ -3,9 +3,9 @@
 Resolution order (first match wins):
 
 1. **explicit**: ``vllm_xargs: {"specctl_category": "<name>"}`` in the OpenAI request body (vLLM copies
-   ``vllm_xargs`` into ``SamplingParams.extra_args``). A name that does not match
-   ``specctl_vllm.controller.protocol.CATEGORY_PATTERN`` (lower-case, ``[a-z0-9][a-z0-9_.-]{0,63}``) resolves to
-   ``default``: a bad name is never an error and never creates a series.
+   ``vllm_xargs`` into ``SamplingParams.extra_args``), read with the one category-name rule,
+   :func:`specctl_vllm.controller.protocol.category_name`: ``SQL`` is the category ``sql``; a name that names no
+   category resolves to ``default`` (a bad name is never an error and never creates a series).
 2. **tools** (API process, :mod:`specctl_vllm.engine_patch.middleware`): a request that offers ``tools`` with a
    ``tool_choice`` other than ``"none"`` is ``tool_call``. Only the API process sees tools, so the middleware
    writes the derived name into ``vllm_xargs.specctl_category``; the engine then sees it as explicit.
@@ -20,7 +20,6 @@ see tools), and ``tool_choice: "required"``/named lands in ``structured`` (vLLM 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,17 +28,14 @@ from specctl_vllm.controller import protocol
 #: Key in ``vllm_xargs`` / ``SamplingParams.extra_args``.
 CATEGORY_KEY = "specctl_category"
 
-_VALID = re.compile(protocol.CATEGORY_PATTERN)
 _STRUCTURED_FORMATS = frozenset({"json_schema", "json_object", "structural_tag"})
 _STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _LEGACY_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 def valid_category(name: Any) -> str | None:
-    """``name`` if it is an acceptable category name, else None."""
-    if isinstance(name, str) and _VALID.fullmatch(name):
-        return name
-    return None
+    """The category ``name`` means (case folded), or None when it names none."""
+    return protocol.category_name(name)
 
 
 def explicit_category(extra_args: Mapping[str, Any] | None) -> tuple[bool, str | None]:

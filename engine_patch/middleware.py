@@ -4,7 +4,9 @@ Use: ``--middleware specctl_vllm.engine_patch.middleware.CategoryMiddleware``. O
 ``response_format``; the engine sees ``SamplingParams``. For ``POST`` bodies of the OpenAI generation routes
 (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``) without an explicit
 ``vllm_xargs.specctl_category`` the middleware adds the category derived by
-:func:`specctl_vllm.engine_patch.categories.category_from_body` (resolution order documented there).
+:func:`specctl_vllm.engine_patch.categories.category_from_body` (resolution order documented there); an explicit
+name written in another case (``SQL``) is rewritten to the category it means (``sql``), by the one rule of
+:func:`specctl_vllm.controller.protocol.category_name`.
 
 It never fails a request: a body that is not a JSON object, too large, not JSON, or with a ``vllm_xargs``
 that is not an object passes through byte for byte (vLLM then answers it as it would without the middleware).
@@ -17,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from specctl_vllm.engine_patch.categories import CATEGORY_KEY, category_from_body
+from specctl_vllm.engine_patch.categories import CATEGORY_KEY, category_from_body, valid_category
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.middleware")
@@ -43,7 +45,10 @@ def tag_body(body: Any) -> dict[str, Any] | None:
     elif not isinstance(xargs, dict):
         return None
     if CATEGORY_KEY in xargs:
-        return None
+        named = valid_category(xargs[CATEGORY_KEY])
+        if named is None or named == xargs[CATEGORY_KEY]:
+            return None  # as sent: the engine counts a name that names no category under "default"
+        return {**body, "vllm_xargs": {**xargs, CATEGORY_KEY: named}}
     return {**body, "vllm_xargs": {**xargs, CATEGORY_KEY: category_from_body(body)}}
 
 

@@ -13,7 +13,11 @@ Loop (a daemon thread in the EngineCore process; the engine loop never waits on 
    exponential backoff (``interval * 2^failures``, capped at ``backoff_max_s``). Meanwhile rows keep queueing;
    beyond the queue's capacity the oldest are dropped and counted in ``dropped_steps``;
 5. any other 4xx: the controller refuses this batch for good; it is dropped (counted) so that one bad batch
-   cannot block the stream.
+   cannot block the stream;
+6. 429 or 503 with ``Retry-After``: the next try waits at least that long (up to ``backoff_max_s``). A batch
+   refused with 429 :data:`TRIM_AFTER_REFUSALS` times is cut to half its steps (the rest counted in
+   ``dropped_steps``), and one refused :data:`DROP_AFTER_REFUSALS` times is dropped (counted), so a batch the
+   controller keeps refusing never blocks the stream.
 
 The installed policy expires ``ttl_s`` after receipt on the engine's monotonic clock, so a controller that
 stops answering (or answers garbage) puts the engine back on its static config by itself; the next valid
@@ -51,6 +55,9 @@ logger = logging.getLogger("vllm.specctl.reporter")
 
 #: Statuses after which the same batch is retried (the controller may accept it later).
 RETRY_STATUSES = frozenset({401, 403, 408, 425, 429})
+#: 429 refusals of one batch after which it is cut to half its steps, and after which it is dropped.
+TRIM_AFTER_REFUSALS = 2
+DROP_AFTER_REFUSALS = 4
 #: Rows serialised between two pauses while a batch is built (a row is ~10 us of Python; a batch after an outage
 #: holds up to ``batch_max_steps`` of them).
 YIELD_EVERY_ROWS = 32
@@ -73,6 +80,8 @@ class ReporterCounters:
     rejected_batches: int = 0
     garbage_answers: int = 0
     policies_installed: int = 0
+    trimmed_steps: int = 0
+    dropped_batches: int = 0
 
 
 class Reporter:
@@ -103,6 +112,8 @@ class Reporter:
         self._seq = 0
         self._pending: dict[str, Any] | None = None
         self._consecutive_failures = 0
+        self._refusals = 0  # 429s of the pending batch
+        self._retry_after = 0.0  # seconds the controller asked to wait before the next try
         self._attached = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,6 +156,9 @@ class Reporter:
             return self._failed(f"{type(exc).__name__}: {exc}")
         self._pause(0)
         status = response.status_code
+        self._retry_after = _retry_after(response) if status in (429, 503) else 0.0
+        if status == 429:
+            return self._refused(batch)
         if status == 200:
             return self._answered(batch, response)
         if 400 <= status < 500 and status not in RETRY_STATUSES:
@@ -178,7 +192,26 @@ class Reporter:
         self._advance()
         return ack.outcome
 
+    def _refused(self, batch: dict[str, Any]) -> str:
+        """A 429: retry, then trim, then drop (counted): a refused batch never blocks the stream."""
+        self._refusals += 1
+        if self._refusals >= DROP_AFTER_REFUSALS:
+            self.counters.dropped_batches += 1
+            self.counters.trimmed_steps += len(batch["steps"])
+            logger.warning("specctl: controller refused telemetry batch seq=%d %d times; dropped",
+                           batch["seq"], self._refusals)
+            self._advance()
+            self._consecutive_failures = 1  # still wait before the next post
+            return "dropped"
+        if self._refusals >= TRIM_AFTER_REFUSALS and len(batch["steps"]) > 1:
+            keep = len(batch["steps"]) // 2
+            self.counters.trimmed_steps += len(batch["steps"]) - keep
+            batch["dropped_steps"] = batch.get("dropped_steps", 0) + len(batch["steps"]) - keep
+            batch["steps"] = batch["steps"][-keep:]  # the newest steps say most about now
+        return self._failed("HTTP 429")
+
     def _advance(self) -> None:
+        self._refusals = 0
         self._pending = None
         self._seq += 1
         self._consecutive_failures = 0
@@ -198,7 +231,8 @@ class Reporter:
         if self._consecutive_failures == 0:
             return interval
         exponent = min(self._consecutive_failures, 30)
-        return min(self.settings.backoff_max_s, interval * (2.0 ** exponent))
+        backoff = max(interval * (2.0 ** exponent), self._retry_after)
+        return min(self.settings.backoff_max_s, backoff)
 
     # -- thread ----------------------------------------------------------------------------------------
 
@@ -227,6 +261,16 @@ class Reporter:
         if flush and (self._pending is not None or len(self.queue)) and self._consecutive_failures == 0:
             self._run_guarded()
         self._client.close()
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """``Retry-After`` in seconds (the delay form; a date or garbage counts as none)."""
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return 0.0
+    return seconds if 0 <= seconds < 3600 else 0.0
 
 
 def make_client(settings: EngineSettings) -> httpx.Client:

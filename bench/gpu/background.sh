@@ -36,11 +36,13 @@ start() {
 }
 
 pack() {  # into a temporary name first: a call cut off mid-pack still returns the previous, whole archive
-    # tar exits 1 when a file changed while it was read (the job appends rows as it goes): the archive is whole
-    # up to that point and the next pack takes the rest, so only a status above 1 is a failure
+    # The job writes while this reads: a file that grows, appears or vanishes meanwhile is packed as read (GNU
+    # tar then exits 1, "file changed as we read it"; the archive is whole). Exit 2 and above are real failures.
     local rc=0
-    tar --warning=no-file-changed -czf "$1/results.tar.gz.part" -C "$BG/out" . || rc=$?
-    ((rc <= 1)) && mv -f "$1/results.tar.gz.part" "$1/results.tar.gz"
+    tar -czf "$1/results.tar.gz.part" --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
+        -C "$BG/out" . || rc=$?
+    ((rc <= 1)) || return "$rc"
+    mv -f "$1/results.tar.gz.part" "$1/results.tar.gz"
 }
 
 wait_for() {

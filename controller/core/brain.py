@@ -61,13 +61,32 @@ class Brain:
         self._decision_errors: dict[str, int] = {}
         self._series = GLOBAL_SERIES
         self.budget_refusals = 0
+        self.cap_evictions = 0  # engines and models forgotten at a cap to make room for a new one
         self.evictions = 0
         self.last_decision_error: tuple[str, str] | None = None  # (model, why), for the service to log
         self.load_problems: list[str] = []  # what load() left out of a snapshot
         self._z = z_for(config.learner.confidence)
 
     # -- ingest -----------------------------------------------------------------------------------------------
+    def _make_room(self, batch: TelemetryBatch) -> None:
+        """At the engine or model cap, forget the least recently seen engine or model so that a new one is
+        served on its first post (a flood of new ids evicts its own kind, never locks the living out)."""
+        budget = self.config.budget
+        if batch.engine_id not in self._engines and self._engines and len(self._engines) >= budget.max_engines:
+            oldest = min(self._engines.values(), key=lambda b: b.last_seen if b.last_seen is not None else -1.0)
+            if self._drop("engine", oldest.engine_id):
+                self.cap_evictions += 1
+        if batch.model_name not in self._models and self._models and len(self._models) >= budget.max_models:
+            model = min(self._models.values(), key=lambda m: m.last_seen if m.last_seen is not None else -1.0)
+            if self._drop("model", model.name):
+                self.cap_evictions += 1
+        self._recount()
+
     def ingest(self, batch: TelemetryBatch, now: float) -> IngestResult:
+        budget = self.config.budget
+        if (batch.engine_id not in self._engines and len(self._engines) >= budget.max_engines) or (
+                batch.model_name not in self._models and len(self._models) >= budget.max_models):
+            self._make_room(batch)
         try:
             admitted = admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
         except IngestRejected as exc:
@@ -80,6 +99,15 @@ class Brain:
         self._engines.setdefault(batch.engine_id, admitted.book)
         self._series += admitted.cost
         return apply(batch, admitted, now, self.config)
+
+    def ingest_continued(self, part: TelemetryBatch, now: float) -> IngestResult:
+        """Learn from further steps of a batch :meth:`ingest` admitted (a large batch is merged in slices, the
+        Brain's lock let go in between); raises :class:`IngestRejected` if its engine was forgotten meanwhile."""
+        admitted = admit(part, self._engines, self._models, self._series, self.config, self._preset, now,
+                         continued=True)
+        assert not isinstance(admitted, IngestResult)
+        self._series += admitted.cost
+        return apply(part, admitted, now, self.config, continued=True)
 
     def record_rejected(self, engine_id: str | None) -> None:
         book = self._engines.get(engine_id) if engine_id else None

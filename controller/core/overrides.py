@@ -46,3 +46,34 @@ def active_overrides(overrides: Iterable[Override], now: float) -> dict[str, Ove
         if held is None or ov.created_at >= held.created_at:
             out[ov.category] = ov
     return out
+
+
+def drafters_offered(engines: Iterable[dict], category: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The models an override of ``category`` reaches now (those whose engines serve the category, else every
+    model with an engine) and, per such model, the drafters its engines offer (own drafter with k_max > 0, then
+    the model-free ones). ``engines`` are the controller's engine views as plain dicts."""
+    engines = list(engines)
+    serving = {e["model"] for e in engines if category in (e.get("category_mix") or {})}
+    models = sorted(serving or {e["model"] for e in engines})
+    offered: dict[str, list[str]] = {m: [] for m in models}
+    for e in engines:
+        if e["model"] not in offered:
+            continue
+        own = [e["spec_method"]] if e.get("spec_method") not in (None, "", "off") and e.get("spec_k_max", 0) > 0 else []
+        for method in [*own, *e.get("model_free_methods", ())]:
+            if method not in offered[e["model"]] and method not in ("off", "engine"):
+                offered[e["model"]].append(method)
+    return models, offered
+
+
+def unavailable_method(method: str | None, engines: Iterable[dict], category: str) -> str | None:
+    """Why an override pinning ``method`` for ``category`` cannot run on any engine it reaches, or None when it
+    can (or no engine is known yet: it is applied when one that offers the method reports)."""
+    if method is None or method in ("engine", "off"):
+        return None
+    models, offered = drafters_offered(engines, category)
+    if not models or any(method in methods for methods in offered.values()):
+        return None
+    have = "; ".join(f"{m}: {', '.join(methods) or 'none'}" for m, methods in offered.items())
+    return (f"no engine of model {', '.join(models)} offers drafter {method!r} (their drafters: {have}); "
+            "the override would run with another drafter")

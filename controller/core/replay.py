@@ -50,6 +50,45 @@ class ReplayError(ValueError):
     """Input that cannot be replayed; the message says which line and why."""
 
 
+# --- engine time --------------------------------------------------------------------------------------------------
+#: A step later than this after the one before on the same engine clock is a clock jump, not time that passed.
+MAX_STEP_GAP_S = 3600.0
+
+
+def engine_clock(batches: Sequence[TelemetryBatch], max_gap_s: float = MAX_STEP_GAP_S
+                 ) -> tuple[list[tuple[float, TelemetryBatch]], list[str]]:
+    """Each batch with its time in seconds on the recording's engine time, in that order, and notes on clock jumps.
+
+    Time comes from the engine's own step clock (``t``, ``wall_s``), never from ``sent_at`` (informational, set
+    by whoever posted the batch). Each (engine, boot) is read in ``seq`` order; a batch's time is the end of its
+    last step. An engine's boots follow one another; different engines start together (their monotonic clocks
+    share no origin). A step that goes back in time, or comes more than ``max_gap_s`` after the one before, is a
+    clock jump: it is noted and counted as its own ``wall_s``, so a jump never stretches the recording."""
+    streams: dict[tuple[str, str], list[TelemetryBatch]] = {}
+    for b in batches:
+        streams.setdefault((b.engine_id, b.boot_id), []).append(b)
+    engine_end: dict[str, float] = {}
+    timed: list[tuple[float, int, TelemetryBatch]] = []
+    notes: list[str] = []
+    order = 0
+    for (engine, boot), items in streams.items():
+        clock = engine_end.get(engine, 0.0)
+        last_t: float | None = None
+        for b in sorted(items, key=lambda b: b.seq):
+            for s in b.steps:
+                gap = None if last_t is None else s.t - last_t
+                if gap is not None and not 0.0 <= gap <= max_gap_s:
+                    notes.append(f"engine {engine} boot {boot}: the step clock jumps {gap:+.3f} s at seq {b.seq}; "
+                                 f"counted as the step's {s.wall_s:.3f} s")
+                clock += s.wall_s if gap is None or not 0.0 <= gap <= max_gap_s else gap
+                last_t = s.t
+            timed.append((clock, order, b))
+            order += 1
+        engine_end[engine] = clock
+    timed.sort(key=lambda item: (item[0], item[1]))
+    return [(t, b) for t, _, b in timed], notes
+
+
 # --- parsing (strings in, plain data out) --------------------------------------------------------------------
 def parse_telemetry(lines: Iterable[str], source: str = "telemetry") -> list[TelemetryBatch]:
     out = []
@@ -100,13 +139,13 @@ def goodput_decisions(batches: Sequence[TelemetryBatch], spec: SpecConfig, prese
     config = BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor or 0.0))
     brain = Brain(config)
     model, engine_id = batches[-1].model_name, batches[-1].engine_id
-    now = t0 = batches[0].sent_at
+    timed, _ = engine_clock(batches)
+    now = t0 = 0.0
     rejected = 0
     changes: list[dict] = []
     last: dict[str, tuple[int, str, str]] | None = None
     next_ask = t0
-    for b in batches:
-        now = max(now, b.sent_at)
+    for now, b in timed:
         try:
             brain.ingest(b, now)
         except IngestRejected:
@@ -188,7 +227,8 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     tel = whatif.telemetry_profiles(batches, all_ks)
     scored = token_traces.trace_profiles(traces, proposers or {}, all_ks) if traces and proposers else {}
     profiles = whatif.merge_profiles(scored, tel)
-    notes: list[str] = []
+    timed, clock_notes = engine_clock(batches)
+    notes: list[str] = list(clock_notes)
     rows: dict[str, dict] = {}
     if graph:
         view = whatif.cell_view(batches, widths, PRESETS[preset])
@@ -255,7 +295,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
         "model": batches[-1].model_name,
         "engine": {"method": spec.method, "k_max": spec0.k_max, "what_if_k_max": k_top,
                    "model_free_methods": list(spec.model_free_methods)},
-        "batches": len(batches), "steps": work.steps, "step_seconds": round(work.step_seconds, 6),
+        "batches": len(batches), "span_s": round(timed[-1][0], 3), "steps": work.steps, "step_seconds": round(work.step_seconds, 6),
         "batch_size": batch_size or work.batch_size, "recorded_batch_size": work.batch_size,
         "measured_goodput": work.measured_goodput, "committed_tokens": dict(work.committed),
         "cost_preset": preset, "cost": cost.to_dict(),

@@ -14,8 +14,9 @@ while each recorded batch ran, against every static k over the same batches:
     recording: hindsight acceptance, so the figure is the cost of the choices, not of the noise) and adds their
     times; every static k is priced over the same runs.
 
-Pure: batches, a Brain and plain data in, figures out; the time base is the batches' ``sent_at``, as the
-replay's own timeline. Only per-request engines (no ``graph_widths``) are priced here.
+Pure: batches, a Brain and plain data in, figures out; the time base is the recording's engine time
+(:func:`specctl_vllm.controller.core.replay.engine_clock`: the engines' step clock, never ``sent_at``), as the
+replay's and the report's. Only per-request engines (no ``graph_widths``) are priced here.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
 from specctl_vllm.controller.core.cost_fit import Corrections, corrections
-from specctl_vllm.controller.core.replay import ReplayError
+from specctl_vllm.controller.core.replay import ReplayError, engine_clock
 from specctl_vllm.controller.drafters import resolve
 from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
 Choice = Mapping[str, tuple[int, str]]  # category (and "_default") -> (k, drafter or off)
+Timed = Sequence[tuple[float, TelemetryBatch]]  # engine_clock's answer: (engine time in seconds, batch), in time order
 
 
 def served_choice(brain: Brain, model: str, spec: SpecConfig, now: float, engine_id: str) -> dict[str, tuple[int, str]]:
@@ -43,16 +45,19 @@ def served_choice(brain: Brain, model: str, spec: SpecConfig, now: float, engine
     return out
 
 
-def decisions_along(batches: Sequence[TelemetryBatch], spec: SpecConfig,
-                    brain: Brain) -> list[dict[str, tuple[int, str]]]:
-    """Per batch, the choice the engine held while its steps ran (see the module docstring)."""
-    model, engine_id = batches[-1].model_name, batches[-1].engine_id
-    now = batches[0].sent_at
+def decisions_along(timed: Timed, spec: SpecConfig, brain: Brain,
+                    origin_s: float = 0.0) -> list[dict[str, tuple[int, str]]]:
+    """Per batch of ``timed``, the choice the engine held while its steps ran (see the module docstring).
+
+    The brain sees engine time plus ``origin_s`` (a brain restored from a pass that ended at ``origin_s``
+    goes on from there rather than back in time)."""
+    model, engine_id = timed[-1][1].model_name, timed[-1][1].engine_id
+    now = origin_s
     held = served_choice(brain, model, spec, now, engine_id)
     out = []
-    for b in batches:
+    for t, b in timed:
         out.append(held)
-        now = max(now, b.sent_at)
+        now = origin_s + t
         try:
             brain.ingest(b, now)
         except IngestRejected:
@@ -65,7 +70,7 @@ def decisions_along(batches: Sequence[TelemetryBatch], spec: SpecConfig,
 class PathFigures:
     """Committed tokens over modelled seconds of the batches in a window, per policy."""
 
-    seconds: float  # recorded span of the window (sent_at of its last batch - the recording's first)
+    seconds: float  # engine time of the window's last batch (the recording starts at 0)
     batches: int
     goodput: float  # the policy along the path, tokens/s
     static: Mapping[int, float]  # k -> tokens/s over the same batches
@@ -101,18 +106,18 @@ def _as_profiles(choice: Choice, work: whatif.Workload, profiles: Profiles) -> d
     return out
 
 
-def price_along(batches: Sequence[TelemetryBatch], choices: Sequence[Choice], ks: Sequence[int],
+def price_along(timed: Timed, choices: Sequence[Choice], ks: Sequence[int],
                 profiles: Profiles, cost: CostCoefficients, corr: Corrections,
                 method: str, until_s: float | None = None) -> PathFigures:
-    """The path's goodput and every static k's over the batches sent within ``until_s`` of the first."""
-    t0 = batches[0].sent_at
-    keep = [i for i, b in enumerate(batches) if until_s is None or b.sent_at - t0 <= until_s]
+    """The path's goodput and every static k's over the batches of ``timed`` that end within the first
+    ``until_s`` seconds of engine time (``choices[i]``: what batch ``timed[i]`` ran under)."""
+    keep = [i for i, (t, _) in enumerate(timed) if until_s is None or t <= until_s]
     runs: list[tuple[list[TelemetryBatch], Choice]] = []
     for i in keep:
         if runs and choices[i] == runs[-1][1]:
-            runs[-1][0].append(batches[i])
+            runs[-1][0].append(timed[i][1])
         else:
-            runs.append(([batches[i]], choices[i]))
+            runs.append(([timed[i][1]], choices[i]))
     tokens = path_s = off_s = 0.0
     static_s = {k: 0.0 for k in ks}
     for group, choice in runs:
@@ -124,17 +129,19 @@ def price_along(batches: Sequence[TelemetryBatch], choices: Sequence[Choice], ks
         off_s += _priced(work, {c: token_traces.OFF for c in work.categories}, cost, corr)
         for k in ks:
             static_s[k] += _priced(work, whatif.uniform(work, profiles, method, k), cost, corr)
-    span = batches[keep[-1]].sent_at - t0 if keep else 0.0
+    span = timed[keep[-1]][0] if keep else 0.0
     return PathFigures(span, len(keep), tokens / path_s if path_s else 0.0,
                        {k: tokens / s for k, s in static_s.items() if s > 0}, tokens / off_s if off_s else 0.0)
 
 
 def path_figures(batches: Sequence[TelemetryBatch], brain: Brain, *, preset: str = "cpu",
                  ks: Sequence[int] = (1, 2, 3, 4, 6, 8), k_max: int | None = None,
-                 windows: Sequence[float | None] = (60.0, None)) -> dict[float | None, PathFigures]:
+                 windows: Sequence[float | None] = (60.0, None),
+                 origin_s: float = 0.0) -> dict[float | None, PathFigures]:
     """The replay's setup (k_max the larger of the engine's and ``ks``, cost fitted to the recording, telemetry
-    profiles, the policy's corrections at the recorded batch), the policy's path from ``brain``, and its figures
-    over the first ``w`` seconds for each window (None: the whole recording)."""
+    profiles, the policy's corrections at the recorded batch), the policy's path from ``brain`` (on engine time
+    plus ``origin_s``), and its figures over the first ``w`` seconds of engine time for each window (None: the
+    whole recording)."""
     spec0 = batches[-1].spec
     if spec0.graph_widths:
         raise ReplayError("a graph-shaped recording: its path is priced by its cells, not here")
@@ -144,6 +151,7 @@ def path_figures(batches: Sequence[TelemetryBatch], brain: Brain, *, preset: str
     work = whatif.workload_from_telemetry(batches)
     corr = corrections(fit, float(work.batch_size or 1.0), k_top, spec0.full_cuda_graphs)
     profiles = whatif.telemetry_profiles(batches, list(range(1, k_top + 1)))
-    choices = decisions_along(batches, spec, brain)
+    timed, _ = engine_clock(batches)
+    choices = decisions_along(timed, spec, brain, origin_s)
     ks = [k for k in ks if k <= k_top]
-    return {w: price_along(batches, choices, ks, profiles, fit.coefficients(), corr, spec.method, w) for w in windows}
+    return {w: price_along(timed, choices, ks, profiles, fit.coefficients(), corr, spec.method, w) for w in windows}

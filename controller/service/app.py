@@ -21,9 +21,11 @@ from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.service import errors, openapi_bodies
 from specctl_vllm.controller.service.auth import AdminListener, Scope, TokenCheck
 from specctl_vllm.controller.service.clock import Clock, Sleep, SystemClock, real_sleep
+from specctl_vllm.controller.service.ingest_flow import BytesInFlight
 from specctl_vllm.controller.service.limits import BodyLimit
 from specctl_vllm.controller.service.recorder import Recorder
 from specctl_vllm.controller.service.render import Renderer
+from specctl_vllm.controller.service.request_classes import ClassCounts, RequestClasses
 from specctl_vllm.controller.service.routes import (
     audit,
     categories,
@@ -80,7 +82,9 @@ async def _open_runtime(settings: ServiceSettings, clock: Clock, brain_config: B
         "state restored",
         extra={"db": str(cfg.db), "overrides": len(loaded), "snapshot_ts": snapshot_ts},
     )
-    return Runtime(brain, store, clock, loaded, snapshot_ts)
+    srv = settings.server
+    flow = BytesInFlight(total_limit=srv.ingest_bytes_in_flight, engine_limit=srv.ingest_engine_bytes_in_flight)
+    return Runtime(brain, store, clock, loaded, snapshot_ts, flow=flow)
 
 
 def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_config: BrainConfig):
@@ -112,6 +116,7 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
             except Exception:
                 log.exception("final snapshot failed")
             app.state.runtime = None
+            await runtime.close_merger()
             if runtime.recorder is not None:
                 await to_thread.run_sync(runtime.recorder.stop)  # closes the gzip file: a complete recording
             app.state.renderer.close()
@@ -142,6 +147,7 @@ def create_app(
         Scope.ADMIN: TokenCheck.from_secret(Scope.ADMIN, settings.auth.admin_token),
     }
     app.state.admin_listener = admin_listener
+    app.state.max_body_bytes = settings.server.max_body_bytes
     for module in (telemetry, policy, categories, engines, overrides, audit, health, metrics):
         app.include_router(module.router)
     errors.install(app)
@@ -155,4 +161,9 @@ def create_app(
         )
     app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
                        body_timeout_s=settings.server.body_timeout_s)
+    app.state.request_classes = ClassCounts()
+    # outermost: a request beyond its class's share is refused before its body is read
+    app.add_middleware(RequestClasses, telemetry_limit=settings.server.concurrency_limit,
+                       admin_limit=settings.server.admin_concurrency, counts=app.state.request_classes)
+    app.state.connections = None  # the server's ConnectionPolicy, set by server.serve
     return app

@@ -1,73 +1,202 @@
-"""Connection-level limits uvicorn does not have: a cap on open connections and a header read deadline.
+"""Connection-level limits uvicorn does not have, through the protocol class its public ``http=`` setting
+accepts: a cap on open connections that evicts idle ones first, a deadline, a size cap and a count cap on a
+request's line and headers.
 
-uvicorn's ``limit_concurrency`` answers 503 to requests beyond it but still accepts and keeps the sockets,
-and nothing bounds how long a client may take to send its request line and headers: idle or trickling
-connections then hold file descriptors until the process runs out (and ``/healthz`` fails with the rest).
-:class:`LimitedHttpTools` closes a connection beyond ``max_connections`` at once, and one whose headers have
-not all arrived ``header_timeout_s`` after it opened (or after the previous response, on keep-alive).
+uvicorn's ``limit_concurrency`` counts open connections as well as requests, so idle sockets made every
+request (``/healthz`` included) answer 503; it is not used. :class:`ConnectionGuard` wraps the protocol uvicorn
+would have used (by composition, through ``asyncio.Protocol``'s public methods only) and sees the bytes:
+
+- a connection waits for a request (nothing of it received yet), is reading headers, or is in a request (its
+  headers ended, its response not started). At the cap a new connection evicts the connection that has been
+  waiting or reading headers the longest; when every open connection is in a request, the new one is closed;
+- headers must end within ``header_timeout_s`` of the connection opening or of the previous response;
+- headers larger than ``max_header_bytes`` or with more than ``max_header_count`` lines get 431 and the
+  connection is closed, before the HTTP parser buffers them.
+
+Requests in progress are limited by class in :mod:`specctl_vllm.controller.service.request_classes`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("controller.service")
 
+#: File descriptors kept for everything but client connections (SQLite and its WAL, the recorder, the render
+#: worker's pipes, the listening sockets, logs): the connection cap is the descriptor limit minus these.
+FD_RESERVE = 64
+_END = b"\r\n\r\n"
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
-def limited_protocol(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """An httptools protocol class with these limits (a class per server: no module-level state)."""
+WAITING, HEADERS, REQUEST = "waiting", "headers", "request"
 
-    class LimitedHttpTools(HttpToolsProtocol):
-        refused = 0
-        timed_out = 0
 
+def connection_cap(configured: int | None, soft_fd_limit: int | None = None) -> int:
+    """Open connections allowed: what the descriptors allow (``RLIMIT_NOFILE`` less :data:`FD_RESERVE`), or
+    the configured figure when it is lower."""
+    if soft_fd_limit is None:
+        soft_fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    allowed = max(1, soft_fd_limit - FD_RESERVE)
+    return allowed if configured is None else max(1, min(configured, allowed))
+
+
+def header_problem(head: bytes, max_bytes: int, max_count: int) -> str | None:
+    """Why a request line and headers received so far (``head``, maybe not complete) are refused, or None."""
+    if len(head) > max_bytes:
+        return f"request line and headers exceed {max_bytes} bytes"
+    if head.count(b"\n") - 1 > max_count + 1:  # the request line, the headers, the blank line
+        return f"more than {max_count} header lines"
+    return None
+
+
+@dataclass
+class ConnectionPolicy:
+    """The limits and the open connections of one server (no module-level state)."""
+
+    max_connections: int
+    header_timeout_s: float
+    max_header_bytes: int = 16 * 1024
+    max_header_count: int = 64
+    open: dict[Any, None] = field(default_factory=dict)  # insertion order = least recently active first
+    refused: int = 0
+    evicted: int = 0
+    timed_out: int = 0
+    headers_refused: int = 0
+
+    def touch(self, conn: Any) -> None:
+        self.open.pop(conn, None)
+        self.open[conn] = None
+
+    def idlest(self) -> Any | None:
+        """The connection to evict for a new one: waiting or reading headers, least recently active."""
+        return next((c for c in self.open if c.state != REQUEST), None)
+
+
+class _Transport:
+    """The transport as the wrapped protocol sees it: every call passes through; a write marks the response."""
+
+    def __init__(self, transport: Any, on_write: Callable[[], None]) -> None:
+        self._transport = transport
+        self._on_write = on_write
+
+    def write(self, data: bytes) -> None:
+        if not data.startswith(b"HTTP/1.1 1"):  # "100 Continue" is not the response: the body follows it
+            self._on_write()
+        self._transport.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        self._on_write()
+        self._transport.writelines(lines)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionPolicy) -> type[asyncio.Protocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` that builds ``inner`` with uvicorn's arguments and
+    enforces ``policy`` around it."""
+
+    class ConnectionGuard(asyncio.Protocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._header_timer: asyncio.TimerHandle | None = None
+            self._inner = inner(*args, **kwargs)
+            self._loop = asyncio.get_running_loop() if kwargs.get("_loop") is None else kwargs["_loop"]
+            self.state = WAITING
+            self._head = b""
+            self._timer: asyncio.TimerHandle | None = None
+            self._transport: Any = None
+            self._served = False  # the wrapped protocol was given the connection (and must hear of its end)
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                type(self).refused += 1
-                transport.abort()
-                return
+        # -- asyncio.Protocol ------------------------------------------------------------------------
+        def connection_made(self, transport: Any) -> None:  # uvloop's transports are not asyncio's classes
+            self._transport = transport
+            if len(policy.open) >= policy.max_connections:
+                victim = policy.idlest()
+                if victim is None:
+                    policy.refused += 1
+                    transport.abort()
+                    return
+                policy.evicted += 1
+                victim.close()
+            policy.touch(self)
             self._arm()
+            self._served = True
+            self._inner.connection_made(_Transport(transport, self._responding))
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+        def data_received(self, data: bytes) -> None:
+            if self not in policy.open:
+                return
+            policy.touch(self)
+            if self.state != REQUEST:
+                self.state = HEADERS
+                start = max(0, len(self._head) - 3)
+                self._head += data
+                end = self._head.find(_END, start)
+                head = self._head if end < 0 else self._head[: end + 4]
+                problem = header_problem(head, policy.max_header_bytes, policy.max_header_count)
+                if problem is not None:
+                    self._refuse_headers(problem)
+                    return
+                if end >= 0:
+                    self.state, self._head = REQUEST, b""
+                    self._disarm()
+            self._inner.data_received(data)
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if not self.transport.is_closing():
-                type(self).timed_out += 1
-                self.transport.close()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._header_timer is None:
-                self._arm()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # the keep-alive wait is bounded by uvicorn; the next request's headers by this
+        def eof_received(self) -> bool | None:
+            return self._inner.eof_received() if self._served else None
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            super().connection_lost(exc)
+            policy.open.pop(self, None)
+            if self._served:
+                self._inner.connection_lost(exc)
 
-    return LimitedHttpTools
+        def pause_writing(self) -> None:
+            self._inner.pause_writing()
+
+        def resume_writing(self) -> None:
+            self._inner.resume_writing()
+
+        # -- the policy ------------------------------------------------------------------------------
+        def close(self) -> None:
+            policy.open.pop(self, None)  # no longer counted: its room goes to the connection that evicted it
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.close()
+
+        def _responding(self) -> None:
+            if self.state == REQUEST:  # the response starts: what arrives next is the next request's headers
+                self.state = WAITING
+                self._arm()
+            policy.touch(self)
+
+        def _refuse_headers(self, problem: str) -> None:
+            policy.headers_refused += 1
+            self._disarm()
+            body = json.dumps({"detail": problem, "errors": []}).encode()
+            assert self._transport is not None
+            self._transport.write(_TOO_LARGE % (len(body), body))
+            self._head = b""
+            self.close()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._timer = self._loop.call_later(policy.header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _too_slow(self) -> None:
+            self._timer = None
+            if self.state != REQUEST:
+                policy.timed_out += 1
+                self.close()
+
+    return ConnectionGuard

@@ -79,3 +79,8 @@ def configure(level: str, secrets: Iterable[str] = ()) -> None:
         logger.handlers = [handler] if name in {"controller", "uvicorn"} else []
         logger.propagate = name not in {"controller", "uvicorn"}
         logger.setLevel(level.upper())
+    # Python's warnings (numpy's, a library's deprecation) would print plain text to stderr: as JSON records
+    logging.captureWarnings(True)
+    warnings_logger = logging.getLogger("py.warnings")
+    warnings_logger.handlers = [handler]
+    warnings_logger.propagate = False

@@ -189,8 +189,8 @@ class ServiceStats:
     internal_errors: int = 0
     client_disconnects: int = 0
     snapshot_age_s: float | None = None
-    #: (batches, dropped, errors, bytes on disk) of the telemetry recorder; None while recording is off
-    recorder: tuple[int, int, int, int] | None = None
+    #: (batches, dropped, errors, bytes on disk, lost) of the telemetry recorder; None while recording is off
+    recorder: tuple[int, int, int, int, int] | None = None
 
     @classmethod
     def of(cls, runtime: Any) -> ServiceStats:
@@ -199,7 +199,7 @@ class ServiceStats:
         recorder = None
         if rec is not None:
             st = rec.stats
-            recorder = (st.batches, st.dropped, st.errors, st.bytes_on_disk)
+            recorder = (st.batches, st.dropped, st.errors, st.bytes_on_disk, st.lost)
         return cls(runtime.internal_errors, runtime.client_disconnects, age, recorder)
 
 
@@ -217,9 +217,10 @@ def _service_families(stats: ServiceStats) -> list[Metric]:
         age.add_metric([], stats.snapshot_age_s)
         families.append(age)
     if stats.recorder is not None:  # only while recording is on (SPECCTL_RECORD_DIR)
-        batches, dropped, errors_, bytes_on_disk = stats.recorder
+        batches, dropped, errors_, bytes_on_disk, lost = stats.recorder
         for name, doc, value in (
-            ("specctl_recorder_batches", "Telemetry batches written to the recording", batches),
+            ("specctl_recorder_batches", "Telemetry batches written to the recording (flushed to the file)", batches),
+            ("specctl_recorder_lost", "Telemetry batches lost to a failed write (disk full, I/O error)", lost),
             ("specctl_recorder_dropped", "Telemetry batches not recorded: the recorder's queue was full", dropped),
             ("specctl_recorder_errors", "Recorder write or delete failures (logged)", errors_),
         ):

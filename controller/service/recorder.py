@@ -38,6 +38,10 @@ FILE_RE = re.compile(r"^telemetry-(\d{8}T\d{6}Z)-(\d{6})\.jsonl\.gz$")
 # -- pure helpers -----------------------------------------------------------------------------------------------
 
 
+#: A gzip member's header for the names written here: a file no larger holds no batch.
+GZIP_HEADER_BYTES = 64
+
+
 def file_name(now: float, index: int) -> str:
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"telemetry-{stamp}-{index:06d}.jsonl.gz"
@@ -70,6 +74,8 @@ class RecorderStats:
     files: int = 0
     bytes_on_disk: int = 0
     errors: int = 0
+    #: batches lost to a failed write: taken from the queue, never on disk
+    lost: int = 0
 
 
 class Recorder:
@@ -91,6 +97,7 @@ class Recorder:
         self._name: str | None = None
         self._index = 0
         self._warned_drop = False
+        self._unflushed = 0  # batches written into the gzip stream since its last successful flush
 
     # -- producer side (the ingest path) ----------------------------------------------------------------------
 
@@ -140,23 +147,32 @@ class Recorder:
                 if item is not None:
                     self._write(item.model_dump_json().encode() + b"\n")
                 if self._file is not None and time.monotonic() - last_flush >= flush_every:
-                    self._file.flush()
+                    self._flush()
                     last_flush = time.monotonic()
             except OSError as exc:
                 self.stats.errors += 1
+                self.stats.lost += self._unflushed + (item is not None and self._file is None)
+                self._unflushed = 0
                 if self.stats.errors == 1:
-                    log.error("telemetry recorder cannot write; batches are lost until it can",
-                              extra={"record_dir": str(self.folder), "error": str(exc)})
-                self._close()
+                    log.error("telemetry recorder cannot write; batches are lost until it can (counted in "
+                              "specctl_recorder_lost_total)", extra={"record_dir": str(self.folder), "error": str(exc)})
+                self._close(failed=True)
 
     def _write(self, line: bytes) -> None:
         if self._file is None:
             self._open()
+        self._unflushed += 1
         self._file.write(line)
-        self.stats.batches += 1
         if self._raw.tell() >= self.settings.record_file_bytes:
             self._close()
             self._prune()
+
+    def _flush(self) -> None:
+        """Flush the gzip stream and the file; only then do its batches count as written."""
+        self._file.flush()
+        self._raw.flush()
+        self.stats.batches += self._unflushed
+        self._unflushed = 0
 
     def _open(self) -> None:
         self._name = file_name(self.clock(), self._index)
@@ -165,15 +181,40 @@ class Recorder:
         self._file = gzip.GzipFile(filename=self._name[: -len(".gz")], mode="wb", fileobj=self._raw, mtime=0)
         self.stats.files += 1
 
-    def _close(self) -> None:
+    def _close(self, failed: bool = False) -> None:
         if self._file is not None:
             try:
-                self._file.close()
-                self._raw.close()
+                if not failed:
+                    self._file.close()
+                    self._raw.flush()
+                    self.stats.batches += self._unflushed
+                    self._unflushed = 0
             except OSError:
                 self.stats.errors += 1
+                self.stats.lost += self._unflushed
+                self._unflushed = 0
+                failed = True
+            finally:
+                try:
+                    self._raw.close()
+                except OSError:
+                    failed = True
+            if failed:
+                self._drop_if_empty()
         self._file = self._raw = None
         self._refresh_disk_usage()
+
+    def _drop_if_empty(self) -> None:
+        """A file a failed write left without a byte of data (a full disk) is removed, not left behind."""
+        if self._name is None:
+            return
+        path = self.folder / self._name
+        try:
+            if path.stat().st_size <= GZIP_HEADER_BYTES:
+                path.unlink()
+                self.stats.files -= 1
+        except OSError:
+            pass
 
     def _sizes(self) -> list[tuple[str, int]]:
         out = []

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from typing import Any
 
 from anyio import to_thread
@@ -22,6 +28,32 @@ from anyio import to_thread
 from specctl_vllm.controller.service.metrics import ServiceStats, render
 
 log = logging.getLogger("controller.service")
+
+PR_SET_PDEATHSIG = 1
+#: Seconds between a render process's checks that the server that started it is still its parent.
+PARENT_CHECK_S = 1.0
+
+
+def die_with_parent(parent_pid: int, check_s: float = PARENT_CHECK_S) -> None:
+    """Initializer of a render process: it ends when the server ends, however the server ends (``kill -9``
+    included; before, the render process and its resource tracker stayed behind). The kernel sends SIGKILL
+    when the parent dies (``PR_SET_PDEATHSIG``, Linux); a watchdog thread covers other platforms and the
+    race of a parent that died before the call. The resource tracker exits when this process, its last
+    writer, is gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still ends it
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(check_s)
+        os._exit(0)
+
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 class Renderer:
@@ -32,7 +64,8 @@ class Renderer:
         if processes > 0:
             try:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=processes, mp_context=multiprocessing.get_context("spawn"))
+                    max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=die_with_parent, initargs=(os.getpid(),))
             except (OSError, ValueError) as exc:
                 log.warning("no render process, scrapes render in a thread", extra={"error": str(exc)})
         self._inflight: dict[str, asyncio.Future[tuple[bytes, str]]] = {}

@@ -36,6 +36,7 @@ from specctl_vllm.controller.core.overrides import Override, active_overrides
 from specctl_vllm.controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
 from specctl_vllm.controller.service.clock import Clock
 from specctl_vllm.controller.service.errors import BadInput, parse_json
+from specctl_vllm.controller.service.ingest_flow import BytesInFlight, FairMerger, parse_batch, slices
 from specctl_vllm.controller.service.store import AuditRecord, Store, describe_store_error
 
 log = logging.getLogger("controller.service")
@@ -212,9 +213,13 @@ class BrainLock:
 
 class Runtime:
     def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
-                 snapshot_ts: float | None = None) -> None:
+                 snapshot_ts: float | None = None, *, flow: BytesInFlight | None = None) -> None:
         self._brain = brain
         self._brain_lock = BrainLock()
+        #: bytes of large bodies in flight (checked by the telemetry route before reading, here after parsing)
+        self.flow = flow or BytesInFlight(total_limit=8 * 1024 * 1024, engine_limit=4 * 1024 * 1024)
+        self._merger = FairMerger(self._brain_lock.acquire_async, self._brain_lock.release)
+        self._parse_limiter: CapacityLimiter | None = None
         self._override_lock = asyncio.Lock()
         self.store = store
         self.clock = clock
@@ -257,7 +262,7 @@ class Runtime:
         """
         now = self.clock.now()
         if len(raw) > INLINE_BODY_BYTES:
-            return await self._off_loop(lambda: self._answer(*self._merge(raw, now), now))
+            return await self._ingest_large(raw, now)
         await self._brain_lock.acquire_async()
         try:
             batch, result = self._merge(raw, now)
@@ -266,6 +271,50 @@ class Runtime:
         finally:
             self._brain_lock.release()
         return await self._off_loop(self._answer, batch, result, now)
+
+    async def _ingest_large(self, raw: bytes, now: float) -> bytes:
+        """Parse without the lock (one parse at a time: its objects are ~14x the body), then merge in slices
+        with other engines' batches in turn (:mod:`specctl_vllm.controller.service.ingest_flow`)."""
+        if self._parse_limiter is None:
+            self._parse_limiter = CapacityLimiter(1)
+        try:
+            batch = await to_thread.run_sync(parse_batch, raw, limiter=self._parse_limiter)
+        except BadInput:
+            await self.record_rejected(engine_id_of(raw))
+            raise
+        with self.flow.engine(batch.engine_id, len(raw)):
+            parts = slices(batch)
+            state: dict[str, Any] = {"next": 0, "result": None}
+
+            def step() -> tuple[bool, Any]:
+                i = state["next"]
+                state["next"] = i + 1
+                if i == 0:
+                    result = self._admit(batch if len(parts) == 1 else parts[0], now)
+                    state["result"] = result
+                    if result.outcome != "accepted":
+                        return True, self._answer(batch, result, now)
+                else:
+                    try:
+                        self._brain.ingest_continued(parts[i], now)
+                    except IngestRejected as exc:
+                        raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
+                if state["next"] == len(parts):
+                    return True, self._answer(batch, state["result"], now)
+                return False, None
+
+            return await self._merger.run(batch.engine_id, step)
+
+    async def close_merger(self) -> None:
+        await self._merger.close()
+
+    def _admit(self, batch: TelemetryBatch, now: float) -> IngestResult:
+        """Merge a parsed batch, a refusal counted against its engine (caller holds the lock)."""
+        try:
+            return self._brain.ingest(batch, now)
+        except IngestRejected as exc:
+            self._brain.record_rejected(batch.engine_id)
+            raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
 
     def _merge(self, raw: bytes, now: float) -> tuple[TelemetryBatch, IngestResult]:
         """Parse and merge a body, a refusal counted against its engine (caller holds the lock)."""

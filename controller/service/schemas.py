@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specctl_vllm.controller.core.overrides import Override
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, ENGINE_ID_PATTERN, MAX_K, METHOD_OFF, METHOD_PATTERN
+from specctl_vllm.controller.protocol import (
+    CATEGORY_PATTERN,
+    ENGINE_ID_PATTERN,
+    MAX_K,
+    METHOD_OFF,
+    METHOD_PATTERN,
+    category_name,
+)
 
 ACTOR_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:\-]{0,127}$"
 #: Longest TTL: 30 days. Longer pins should be deliberate (no TTL) rather than accidental.
@@ -133,6 +140,11 @@ class ForgetIn(_In):
                                  description="with model: one of its categories")
     reason: str = Field(min_length=1, max_length=512, description="why (logged)")
     actor: str = Field(pattern=ACTOR_PATTERN, description="who (logged)")
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _fold(cls, value: object) -> object:
+        return category_name(value) or value  # the one category-name rule; what names none fails the pattern
 
     @model_validator(mode="after")
     def _one_thing(self) -> ForgetIn:

@@ -14,7 +14,7 @@ from specctl_vllm.controller.service import logs
 from specctl_vllm.controller.service.app import create_app
 from specctl_vllm.controller.service.auth import AdminListener
 from specctl_vllm.controller.service.clock import Clock, SystemClock
-from specctl_vllm.controller.service.connections import limited_protocol
+from specctl_vllm.controller.service.connections import ConnectionPolicy, connection_cap, guarded_protocol
 from specctl_vllm.controller.service.settings import ServiceSettings
 from specctl_vllm.controller.service.store import Store
 
@@ -62,6 +62,22 @@ def fast_io() -> dict[str, str]:
     return {"loop": loop, "http": http}
 
 
+def http_protocol(name: str) -> Any:
+    """The protocol class uvicorn's ``http=name`` stands for (its documented names, resolved by its own table;
+    tests/unit/service/test_uvicorn_contract.py checks the table and the constructor arguments)."""
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
+
+    return import_from_string(HTTP_PROTOCOLS[name])
+
+
+def connection_policy(settings: ServiceSettings) -> ConnectionPolicy:
+    srv = settings.server
+    return ConnectionPolicy(max_connections=connection_cap(srv.max_connections),
+                            header_timeout_s=srv.header_timeout_s, max_header_bytes=srv.max_header_bytes,
+                            max_header_count=srv.max_header_count)
+
+
 def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code."""
     logs.configure(settings.server.log_level, secrets_of(settings))
@@ -77,17 +93,16 @@ def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
     app = create_app(settings, clock or SystemClock(), admin_listener=admin)
     io = fast_io()
     srv = settings.server
-    http: Any = io["http"]
-    if http == "httptools":
-        http = limited_protocol(srv.max_connections, srv.header_timeout_s)
-    else:
-        log.warning("httptools not installed: no connection cap or header timeout (only uvicorn's own limits)")
+    policy = connection_policy(settings)
+    app.state.connections = policy
     config = uvicorn.Config(
         app,
         loop=io["loop"],
-        http=http,
+        http=guarded_protocol(http_protocol(io["http"]), policy),
         timeout_keep_alive=srv.keep_alive_s,
-        limit_concurrency=srv.concurrency_limit,
+        # no limit_concurrency: uvicorn counts open connections against it too (idle sockets made every request
+        # answer 503); requests are limited by class in the app, connections by the guard
+        h11_max_incomplete_event_size=srv.max_header_bytes,
         log_config=None,  # logs.configure already routed uvicorn's loggers to the JSON handler
         lifespan="on",
         access_log=settings.server.access_log,
@@ -99,7 +114,7 @@ def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
     log.info(
         "listening",
         extra={"url": _url(sockets[0]), "admin_url": _url(sockets[1]) if admin else None,
-               "db": str(settings.store.db), **io},
+               "db": str(settings.store.db), "max_connections": policy.max_connections, **io},
     )
     try:
         server.run(sockets=sockets)

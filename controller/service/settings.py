@@ -41,6 +41,19 @@ class ServerSettings(_Env):
         description="request body cap in bytes (413 above it); a 100 ms batch from a busy engine is a few KiB, "
         "4 MiB leaves room for a backlog flush while bounding memory per request",
     )
+    ingest_bytes_in_flight: int = Field(
+        default=8 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all; a post beyond it gets "
+        "429 with Retry-After before its body is read. A parsed batch takes ~14x its bytes, so 8 MiB (two maximal "
+        "bodies) keeps the controller within 256 MB; engines' regular posts (a few KiB) are never counted",
+    )
+    ingest_engine_bytes_in_flight: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="the same, per engine (known once the body is parsed): one engine's backlog flush cannot take "
+        "the whole share; 4 MiB is one maximal body",
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed by CORS; empty = CORS off, because only engines and operators call "
@@ -60,13 +73,27 @@ class ServerSettings(_Env):
         "close to the expiry, which itself is enforced at read time regardless",
     )
 
-    max_connections: int = Field(
-        default=512,
+    max_connections: int | None = Field(
+        default=None,
         ge=1,
-        le=65_536,
-        description="open connections; one beyond it is closed at once. An engine holds one keep-alive "
-        "connection and an operator a few, so 512 serves hundreds of engines while idle sockets cannot exhaust "
-        "the process's file descriptors (1024 by default in a container)",
+        le=1_048_576,
+        description="open connections; unset = what the file descriptors allow (RLIMIT_NOFILE less 64 kept for "
+        "the store, recorder and render worker). At the cap a new connection evicts the one idle longest (waiting "
+        "for a request or still sending headers); one in a request is never evicted. An engine holds one "
+        "keep-alive connection, so the cap is what stops idle sockets from exhausting the descriptors",
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="bytes of a request line and its headers; beyond it 431 and the connection is closed before "
+        "the parser buffers them. An engine's or operator's request has under 1 KiB; 16 KiB is h11's default",
+    )
+    max_header_count: int = Field(
+        default=64,
+        ge=8,
+        le=1024,
+        description="header lines of a request; beyond it 431. An engine sends about 6",
     )
     header_timeout_s: float = Field(
         default=10.0,
@@ -93,8 +120,16 @@ class ServerSettings(_Env):
         default=256,
         ge=1,
         le=65_536,
-        description="requests in progress at once; beyond it new requests get 503 (uvicorn's limit_concurrency) "
-        "instead of queueing without bound",
+        description="telemetry posts in progress at once; beyond it 503 with Retry-After rather than an unbounded "
+        "queue. Open connections do not count (idle keep-alive ones cost nothing here), nor do the probes "
+        "/healthz and /readyz, which are never refused; other requests have SPECCTL_ADMIN_CONCURRENCY",
+    )
+    admin_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=65_536,
+        description="requests in progress at once other than telemetry posts and probes (reads, /metrics, "
+        "overrides, forget); beyond it 503 with Retry-After, so a flood of reads never takes the engines' share",
     )
 
     render_processes: int = Field(

@@ -186,3 +186,35 @@ def test_the_wheel_entry_points_name_the_namespace(wheel) -> None:
     assert "specctl-vllm = specctl_vllm.controller.cli:main" in text
     plugins = text.split("[vllm.general_plugins]", 1)[1].split("[", 1)[0]
     assert plugins.split() == ["specctl", "=", "specctl_vllm.engine_patch.plugin:register"]
+
+
+# --- the install a new user makes (README, docs/packaging.md, `make dist`, CI's wheel step) ------------------------
+
+def _shell_blocks(text: str) -> list[str]:
+    return [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+            for line in block.splitlines()]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/packaging.md"])
+def test_install_commands_work_before_the_distribution_is_published(doc: str) -> None:
+    """No command installs `specctl-vllm` from PyPI (not yet published) or installs `specctl` (another project);
+    the docs say so, and name the distribution the project will publish under."""
+    text = (REPO / doc).read_text()
+    assert "not yet published" in text and "`specctl-vllm`" in text
+    installs = [line for line in _shell_blocks(text) if "pip install" in line]
+    assert installs, doc
+    for line in installs:
+        target = line.split("pip install", 1)[1]
+        assert "dist/specctl_vllm-" in target or "-e ." in target or "-e '." in target, line
+        assert not re.search(r"(?<![\w/-])specctl(-vllm)?(\[|\s|'|$)", target.replace("dist/specctl_vllm-", "")), line
+
+
+def test_make_dist_builds_sdist_and_wheel_and_ci_installs_the_wheel() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    dist = makefile.split("\ndist:", 1)[1].split("\n\n", 1)[0]
+    assert "pip wheel" in dist and "build_sdist" in dist
+    check = makefile.split("\nwheel-check:", 1)[1].split("\n\n", 1)[0]
+    assert "-m venv" in check and "pip install -q dist/specctl_vllm-*.whl" in check
+    assert "specctl --version" in check and "specctl-vllm" in check and "specctl serve --help" in check
+    ci = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines() if not line.startswith("#")]
+    assert ci.index("make wheel-check") > ci.index("make test")

@@ -255,7 +255,8 @@ class BatchModel:
         num_o = self.n * float(self.w.sum()) / d_o
         tok_o, free_o = self.n * st_o / d_o, self.n * sf_o / d_o
         t = self.time(tok_o, num_o, free_o, sv_o / d_o[:, :, None])
-        g = num_o / t
+        with np.errstate(divide="ignore", invalid="ignore"):  # an option of zero time is no option: inf/nan
+            g = num_o / t
         if self.floor > 0:
             # (U, O, U): every category's (E, drafts, free drafts) when row u takes option o, the rest at cfg
             swap = (r[:, None, None] == r[None, None, :])

@@ -125,15 +125,40 @@ def charge(ms: ModelState, digest: BatchDigest, k_max: int) -> int:
     return after - before
 
 
+def known_only(batch: TelemetryBatch, ms: ModelState) -> tuple[TelemetryBatch, int]:
+    """``batch`` with only what ``ms`` already holds series for (known categories and drafters, k up to the
+    charged one), and how many category reports were dropped."""
+    dropped = 0
+    steps = []
+    for step in batch.steps:
+        cats = []
+        for cs in step.categories:
+            st = ms.categories.get(cs.category)
+            if st is None or (cs.method not in st.methods and cs.hists):
+                dropped += 1
+                continue
+            cf = {m: [h for h in hs if h.k <= ms.charged_k] for m, hs in cs.counterfactual.items() if m in st.methods}
+            hists = [h for h in cs.hists if h.k <= ms.charged_k]
+            cats.append(cs.model_copy(update={"hists": hists, "counterfactual": cf}))
+        steps.append(step.model_copy(update={"categories": cats}))
+    return batch.model_copy(update={"steps": steps}), dropped
+
+
 def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapping[str, ModelState], series: int,
-          config: BrainConfig, preset: CostCoefficients, now: float) -> Admission | IngestResult:
+          config: BrainConfig, preset: CostCoefficients, now: float, *, continued: bool = False
+          ) -> Admission | IngestResult:
     """Check ``batch`` against the learned state (``series`` charged so far): an :class:`Admission`, or the
-    answer to a duplicate; raises :class:`IngestRejected` (429 when a cap or the budget is full)."""
+    answer to a duplicate; raises :class:`IngestRejected` (429 when a cap or the budget is full).
+
+    ``continued``: ``batch`` holds further steps of a batch whose first part was admitted already (a large
+    batch is merged in slices); its sequence number was classified and recorded with that first part."""
     book = engines.get(batch.engine_id)
+    if continued and (book is None or book.boot_id != batch.boot_id or batch.model_name not in models):
+        raise IngestRejected(f"engine {batch.engine_id!r} was forgotten while its batch was merged", status=409)
     validate(batch, book, len(engines), models, config.budget)
     if book is None:
         book = EngineBook(batch.engine_id)
-    outcome, gap_delta = book.classify(batch.boot_id, batch.seq)
+    outcome, gap_delta = ("accepted", 0) if continued else book.classify(batch.boot_id, batch.seq)
     if outcome == "conflict":
         book.record_conflict(batch.boot_id, batch.seq, now)
         raise IngestRejected(f"engine id {batch.engine_id!r} is used by two running engines (boot "
@@ -161,6 +186,14 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
         digest = ms.digest(batch, min(cap, len(ms.categories)))
         k = charged_k(digest, batch.spec.k_max)
         cost = extra + charge(ms, digest, k)
+        if series + cost > limit and batch.engine_id in engines and not new_model:
+            # a known engine is never refused whole: what needs new series (a new drafter, a larger k, a
+            # category beyond those learned) is dropped, counted in the model's dropped methods
+            kept, dropped = known_only(batch, ms)
+            ms.dropped_methods += dropped
+            digest = ms.digest(kept, min(cap, len(ms.categories)))
+            k = charged_k(digest, min(batch.spec.k_max, ms.charged_k))
+            cost = extra + charge(ms, digest, k)
         if series + cost > limit:
             raise IngestRejected(
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
@@ -176,13 +209,16 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
                      charge_widths=widths)
 
 
-def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig) -> IngestResult:
+def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainConfig, *,
+          continued: bool = False) -> IngestResult:
     """Learn from an admitted batch: the model's state and the engine's bookkeeping (the caller stores a new
-    book or model state and charges the series)."""
+    book or model state and charges the series). ``continued``: a further slice (see :func:`admit`), whose
+    sequence number and outcome were recorded with the first."""
     ms, book, digest = admitted.state, admitted.book, admitted.digest
     ms.charged_k = max(ms.charged_k, admitted.k)
     ms.apply(digest, now, config.learner, book.mix)
-    book.record(batch.boot_id, batch.seq, admitted.gap_delta, batch.dropped_steps)
+    if not continued:
+        book.record(batch.boot_id, batch.seq, admitted.gap_delta, batch.dropped_steps)
     book.model = batch.model_name
     book.spec_method, book.spec_k_max = batch.spec.method, batch.spec.k_max
     book.spec_full_cuda_graphs = batch.spec.full_cuda_graphs
@@ -196,5 +232,6 @@ def apply(batch: TelemetryBatch, admitted: Admission, now: float, config: BrainC
     book.last_seen = now
     if batch.policy_version is not None:
         book.policy_version_reported = batch.policy_version
-    book.outcomes["accepted"] += 1
+    if not continued:
+        book.outcomes["accepted"] += 1
     return IngestResult("accepted", book.gaps)

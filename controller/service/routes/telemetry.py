@@ -12,6 +12,7 @@ from specctl_vllm.controller.protocol import TelemetryAck, TelemetryBatch
 from specctl_vllm.controller.service.deps import IngestRuntime, read_body
 from specctl_vllm.controller.service.errors import BadInput
 from specctl_vllm.controller.service.openapi_bodies import json_body, responses
+from specctl_vllm.controller.service.runtime import INLINE_BODY_BYTES, Runtime
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 
@@ -24,6 +25,16 @@ router = APIRouter(prefix="/v1", tags=["telemetry"])
     summary="Report engine steps; answer carries the policy for this engine",
 )
 async def post_telemetry(request: Request, runtime: IngestRuntime) -> Response:
+    declared = request.headers.get("content-length", "")
+    # a large body is admitted before it is read, within the bytes in flight (429 beyond); chunked counts as large
+    size = int(declared) if declared.isdigit() else request.app.state.max_body_bytes
+    if size <= INLINE_BODY_BYTES:
+        return await _ingest(request, runtime)
+    with runtime.flow.body(size):
+        return await _ingest(request, runtime)
+
+
+async def _ingest(request: Request, runtime: Runtime) -> Response:
     try:
         raw = await read_body(request, "telemetry batch")
     except BadInput as exc:

@@ -98,3 +98,22 @@ def test_the_session_prelude_skips_what_the_budget_cannot_hold_and_stops_its_cop
     assert done.returncode == 0, done.stderr
     assert "== no time left for: --results r.jsonl --only plain" in done.stdout
     assert done.stdout.rstrip().endswith("done")
+
+
+def test_wait_packs_while_the_job_keeps_writing(home: Path, tmp_path: Path) -> None:
+    """`tar: .: file changed as we read it` used to fail a pack (and the `wait` call) while the job wrote."""
+    assert run(home, "start", "tests/unit/bench/data/background_churn_job.sh").returncode == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    packs = 0
+    while True:
+        waited = run(home, "wait", "1", str(dest))  # packs at its start and at its end, the job writing
+        assert waited.returncode == 0, waited.stderr
+        packs += 2
+        with tarfile.open(dest / "results.tar.gz") as tar:  # every archive whole and readable
+            names = {Path(n).name for n in tar.getnames()}
+        if "finished: exit 0" in waited.stdout:
+            break
+        assert "growing.bin" in names or packs <= 2
+    assert packs >= 4, "the job finished before a pack overlapped it: nothing was tested"
+    assert "seen.txt" in names

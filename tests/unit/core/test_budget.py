@@ -83,9 +83,6 @@ def test_idle_state_is_forgotten_and_frees_the_caps():
     b = make(max_engines=2, max_models=1, engine_idle_s=60, category_idle_s=120, model_idle_s=300)
     post(b, engine="a", cats=["old", "live"], now=1000.0)
     post(b, engine="b", cats=["live"], now=1000.0)
-    with pytest.raises(IngestRejected) as caught:
-        post(b, engine="c", now=1000.0)
-    assert caught.value.status == 429
     post(b, engine="b", cats=["live"], seq=1, now=1100.0)
     evicted = b.evict_idle(1100.0)
     assert evicted == [("engine", "a")]
@@ -96,6 +93,17 @@ def test_idle_state_is_forgotten_and_frees_the_caps():
     assert b.evict_idle(1500.0)  # everything idle: the model goes too
     assert b.categories(1500.0) == [] and b.engines(1500.0) == []
     post(b, engine="d", model="other", now=1500.0)  # the model cap freed up
+
+
+def test_at_a_cap_the_least_recently_seen_is_evicted_for_a_new_one():
+    b = make(max_engines=2, max_models=1)
+    post(b, engine="a", now=1000.0)
+    post(b, engine="b", now=1001.0)
+    post(b, engine="a", seq=1, now=1002.0)  # "b" is now the least recently seen
+    post(b, engine="c", now=1003.0)  # served on its first post
+    assert {e.engine_id for e in b.engines(1003.0)} == {"a", "c"} and b.cap_evictions == 1
+    post(b, engine="d", model="other", now=1004.0)  # the model cap: the old model goes (and an engine)
+    assert b.model_names() == ["other"] and b.cap_evictions >= 2
 
 
 def test_series_recounted_after_eviction_and_load():

@@ -63,7 +63,7 @@ def test_category_from_sampling_params(sampling_params: object, expected: str) -
 
 @pytest.mark.parametrize(
     ("name", "valid"),
-    [("code", True), ("a.b-c_d", True), ("9lives", True), ("_overflow", False), ("Code", False),
+    [("code", True), ("a.b-c_d", True), ("9lives", True), ("_overflow", False), ("Code", True),
      ("", False), ("x" * 64, True), ("x" * 65, False), (None, False), ("sp ace", False)],
 )
 def test_valid_category(name: object, valid: bool) -> None:

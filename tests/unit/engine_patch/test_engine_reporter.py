@@ -216,3 +216,20 @@ def test_the_spec_leaves_out_defaults_so_older_controllers_accept_it(full_graphs
     _reporter.run_once()
     assert fake.bodies[0]["spec"].get("full_cuda_graphs") is sent
     assert protocol.TelemetryBatch.model_validate(fake.bodies[0]).spec.full_cuda_graphs is full_graphs
+
+
+def test_a_batch_refused_with_429_is_trimmed_then_dropped_and_retry_after_is_honoured() -> None:
+    busy = lambda b: httpx.Response(429, json={"detail": "busy"}, headers={"Retry-After": "3"})
+    reporter, fake, queue, _, _ = make([busy] * 4, backoff_max_s=30.0)
+    for t in range(8):
+        queue.push(row(float(t)))
+    assert reporter.run_once() == "retry"
+    assert reporter.next_delay() == pytest.approx(3.0)  # Retry-After, above the 0.2 s backoff
+    assert reporter.run_once() == "retry"  # second refusal: cut to the newest half
+    assert reporter.run_once() == "retry"
+    assert reporter.run_once() == "dropped"  # fourth: dropped, counted, the stream goes on
+    assert [len(b["steps"]) for b in fake.bodies] == [8, 8, 4, 2]
+    assert fake.bodies[2]["dropped_steps"] == 4 and {b["seq"] for b in fake.bodies} == {0}
+    assert reporter.counters.dropped_batches == 1 and reporter.counters.trimmed_steps == 4 + 2 + 2
+    assert reporter.run_once() == "accepted"
+    assert fake.bodies[-1]["seq"] == 1

@@ -207,21 +207,61 @@ def test_binary_request_file_is_refused(tmp_path: Path, capsys) -> None:
     assert "cannot read it as UTF-8" in capsys.readouterr().err
 
 
-def test_overrides_pinned_and_cleared(client, monkeypatch) -> None:
-    """off / k / specctl through the controller's admin API (a TestClient controller)."""
+def _wire_client(client, monkeypatch) -> None:
     import httpx
 
     from tests.unit.service.conftest import ADMIN_TOKEN
 
     monkeypatch.setenv("SPECCTL_ADMIN_TOKEN", ADMIN_TOKEN)
-    monkeypatch.setattr(httpx, "put", lambda url, **kw: client.put(url.replace("http://ctl", ""), **kw))
-    monkeypatch.setattr(httpx, "delete", lambda url, **kw: client.delete(url.replace("http://ctl", ""), **kw))
-    bench_cli.apply_overrides("http://ctl", bench.parse_config("k=chat:3"), ["chat", "code"])
+    for verb in ("get", "put", "delete"):
+        monkeypatch.setattr(httpx, verb, lambda url, _v=verb, **kw: getattr(client, _v)(url.replace("http://ctl", ""),
+                                                                                       **kw))
+
+
+def test_overrides_pinned_and_restored(client, monkeypatch) -> None:
+    """off / k / specctl through the controller's admin API (a TestClient controller)."""
+    _wire_client(client, monkeypatch)
+    ledger = bench.OverrideLedger(found={})
+    bench_cli.apply_overrides("http://ctl", ledger.actions(bench.parse_config("k=chat:3"), ["chat", "code"]))
     assert {o["category"]: o["k"] for o in client.get("/v1/overrides").json()} == {"chat": 3}
-    bench_cli.apply_overrides("http://ctl", bench.parse_config("off"), ["chat", "code"])
+    bench_cli.apply_overrides("http://ctl", ledger.actions(bench.parse_config("off"), ["chat", "code"]))
     assert {o["category"]: o["k"] for o in client.get("/v1/overrides").json()} == {"chat": 0, "code": 0}
-    bench_cli.apply_overrides("http://ctl", bench.parse_config("specctl"), ["chat", "code"])
+    bench_cli.apply_overrides("http://ctl", ledger.actions(bench.parse_config("specctl"), ["chat", "code"]))
     assert client.get("/v1/overrides").json() == []
     monkeypatch.delenv("SPECCTL_ADMIN_TOKEN")
     with pytest.raises(bench_cli.Unreachable, match="SPECCTL_ADMIN_TOKEN"):
-        bench_cli.apply_overrides("http://ctl", bench.parse_config("off"), ["chat"])
+        bench_cli.apply_overrides("http://ctl", ledger.actions(bench.parse_config("off"), ["chat"]))
+
+
+OPERATOR = {"k": 2, "reason": "tuned by hand", "actor": "alice"}
+ADMIN = {"Authorization": "Bearer admin-token-0123456789"}
+
+
+def _requests_file(tmp_path: Path) -> Path:
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"category": "chat", "prompt": "hi"}\n{"category": "code", "prompt": "x"}\n')
+    return path
+
+
+def test_bench_refuses_to_pin_over_an_operators_override(client, monkeypatch, tmp_path, capsys) -> None:
+    _wire_client(client, monkeypatch)
+    assert client.put("/v1/overrides/chat", json=OPERATOR, headers=ADMIN).status_code == 200
+    code = bench_cli.main([str(_requests_file(tmp_path)), "--endpoint", "http://engine.invalid", "--controller",
+                          "http://ctl", "--config", "off", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "chat" in err and "--replace-overrides" in err
+    assert [(o["category"], o["k"], o["actor"]) for o in client.get("/v1/overrides").json()] == [("chat", 2, "alice")]
+    assert [r["action"] for r in client.get("/v1/audit", headers=ADMIN).json()] == ["set"]  # nothing touched
+
+
+def test_a_failing_bench_restores_exactly_what_it_set(client, monkeypatch, tmp_path) -> None:
+    _wire_client(client, monkeypatch)
+    assert client.put("/v1/overrides/chat", json=OPERATOR, headers=ADMIN).status_code == 200
+    assert client.put("/v1/overrides/other", json=OPERATOR, headers=ADMIN).status_code == 200  # not in the file
+    # the engine is unreachable: the run fails at once, after the bench pinned chat and code
+    code = bench_cli.main([str(_requests_file(tmp_path)), "--endpoint", "http://engine.invalid", "--controller",
+                          "http://ctl", "--config", "off", "--no-progress", "--replace-overrides", "--model", "m",
+                          "--settle", "0"])
+    assert code == 3
+    now = {o["category"]: (o["k"], o["actor"], o["reason"]) for o in client.get("/v1/overrides").json()}
+    assert now == {"chat": (2, "alice", "tuned by hand"), "other": (2, "alice", "tuned by hand")}

@@ -80,12 +80,13 @@ def test_forget_refuses_ambiguous_requests(client, body):
     assert client.post("/v1/forget", json=body, headers=ADMIN).status_code == 422
 
 
-def test_full_budget_is_a_429_with_a_reason(db, clock):
+def test_a_new_engine_at_the_engine_cap_is_served(db, clock):
     with TestClient(app_for(db, clock, max_engines=1)) as client:
         assert client.post("/v1/telemetry", json=batch(0, engine_id="a"), headers=INGEST).status_code == 200
-        refused = client.post("/v1/telemetry", json=batch(0, engine_id="b"), headers=INGEST)
-        assert refused.status_code == 429 and "too many engines" in refused.json()["detail"]
-        assert "specctl_budget_refusals_total 1.0" in client.get("/metrics").text
+        clock.advance(1)
+        assert client.post("/v1/telemetry", json=batch(0, engine_id="b"), headers=INGEST).status_code == 200
+        assert engines(client) == ["b"]  # the least recently seen made room
+        assert "specctl_budget_refusals_total 0.0" in client.get("/metrics").text
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ import pytest
 import uvicorn
 
 from specctl_vllm.controller.service.app import create_app
-from specctl_vllm.controller.service.connections import limited_protocol
+from specctl_vllm.controller.service.connections import ConnectionPolicy, guarded_protocol, header_problem
+from specctl_vllm.controller.service.server import http_protocol
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 
 
@@ -69,12 +70,13 @@ def _middlewares(app):
         app = getattr(app, "app", None)
 
 
-def _serve(tmp_path, max_connections, header_timeout_s):
+def _serve(tmp_path, max_connections, header_timeout_s, http="httptools", loop="asyncio", **limits):
     app = create_app(settings_for(tmp_path / "db"), sleep=parked_sleep)
+    policy = ConnectionPolicy(max_connections=max_connections, header_timeout_s=header_timeout_s, **limits)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    config = uvicorn.Config(app, http=limited_protocol(max_connections, header_timeout_s), loop="asyncio",
+    config = uvicorn.Config(app, http=guarded_protocol(http_protocol(http), policy), loop=loop,
                             log_config=None, lifespan="on", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -82,7 +84,7 @@ def _serve(tmp_path, max_connections, header_timeout_s):
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
-    return server, thread, sock.getsockname()[1]
+    return server, thread, sock.getsockname()[1], policy
 
 
 def _healthz(port):
@@ -101,18 +103,96 @@ def _closed(s, wait=3.0):
         return False
 
 
-def test_idle_connections_cannot_exhaust_the_server(tmp_path):
-    server, thread, port = _serve(tmp_path, max_connections=4, header_timeout_s=0.5)
+def _request(port, raw, sock=None):
+    s = sock or socket.create_connection(("127.0.0.1", port), timeout=3)
+    s.sendall(raw)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    if sock is None:
+        s.close()
+    return data.split(b"\r\n")[0]
+
+
+@pytest.mark.parametrize(("http", "loop"), [("httptools", "asyncio"), ("h11", "asyncio"), ("httptools", "uvloop")])
+def test_idle_connections_are_evicted_for_new_ones(tmp_path, http, loop):
+    server, thread, port, policy = _serve(tmp_path, max_connections=4, header_timeout_s=30, http=http, loop=loop)
     try:
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        extra = socket.create_connection(("127.0.0.1", port))
-        assert _closed(extra, 2.0)  # beyond the cap: closed at once
-        partial = idle[0]
-        partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
-        assert all(_closed(s) for s in idle)  # header deadline: idle and trickling sockets are let go
-        assert _healthz(port) == b"HTTP/1.1 200 OK"  # and the server serves again
-        for s in idle + [extra]:
+        time.sleep(0.2)
+        assert _healthz(port) == b"HTTP/1.1 200 OK"  # at the cap: the idlest connection made room
+        assert _closed(idle[0], 2.0) and policy.evicted >= 1
+        kept = socket.create_connection(("127.0.0.1", port), timeout=3)
+        get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert _request(port, get, kept) == b"HTTP/1.1 200 OK"  # kept open, recently active
+        for _ in range(6):  # newer idle sockets evict the older ones, never the one just used... in turn
+            socket.create_connection(("127.0.0.1", port))
+        assert _healthz(port) == b"HTTP/1.1 200 OK"
+        for s in idle + [kept]:
             s.close()
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_trickling_headers_time_out(tmp_path):
+    server, thread, port, policy = _serve(tmp_path, max_connections=8, header_timeout_s=0.5)
+    try:
+        partial = socket.create_connection(("127.0.0.1", port))
+        partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        assert _closed(partial)
+        assert policy.timed_out == 1
+        assert _healthz(port) == b"HTTP/1.1 200 OK"
+        partial.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+     b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n",
+     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000],  # never ends: refused as it grows
+    ids=["large", "many", "unfinished"],
+)
+def test_oversized_headers_get_431(tmp_path, http, raw):
+    server, thread, port, policy = _serve(tmp_path, max_connections=8, header_timeout_s=30, http=http,
+                                          max_header_bytes=16 * 1024, max_header_count=64)
+    try:
+        assert _request(port, raw) == b"HTTP/1.1 431 Request Header Fields Too Large"
+        assert policy.headers_refused == 1
+        assert _healthz(port) == b"HTTP/1.1 200 OK"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_large_body_after_small_headers_is_not_counted_as_headers(tmp_path):
+    server, thread, port, policy = _serve(tmp_path, max_connections=8, header_timeout_s=30,
+                                          max_header_bytes=1024)
+    try:
+        body = b"x" * 200_000
+        raw = (b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+        status = _request(port, raw)
+        assert status.startswith(b"HTTP/1.1 ") and b"431" not in status
+        assert policy.headers_refused == 0
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("head", "problem"),
+    [(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", None),
+     (b"GET / HTTP/1.1\r\n" + b"A: b\r\n" * 4 + b"\r\n", None),
+     (b"GET / HTTP/1.1\r\n" + b"A: b\r\n" * 5 + b"\r\n", "more than 4 header lines"),
+     (b"GET / HTTP/1.1\r\nA: " + b"b" * 200, "request line and headers exceed 128 bytes")],
+)
+def test_header_problem(head, problem):
+    assert header_problem(head, 128, 4) == problem

@@ -46,3 +46,21 @@ def test_exception_text_redacted():
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "boom", (), exc_info=__import__("sys").exc_info())
     entry = _format(record)
     assert SECRET not in entry["exc"] and "ValueError" in entry["exc"]
+
+
+def test_warnings_are_logged_as_json(capfd):
+    import subprocess
+    import sys
+
+    code = ("import warnings, numpy as np\n"
+            "from specctl_vllm.controller.service import logs\n"
+            "logs.configure('info')\n"
+            "warnings.warn('a library warning')\n"
+            "np.ones(2) / np.zeros(2)\n")
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines, "the warnings were not logged at all"
+    for line in lines:
+        entry = json.loads(line)  # every line JSON: no plain-text warning on stderr
+        assert entry["level"] == "warning"
+    assert any("a library warning" in json.loads(line)["msg"] for line in lines)

@@ -157,3 +157,21 @@ def test_a_killed_controller_leaves_a_readable_file(tmp_path: Path) -> None:
     assert any("cut short" in note for note in recording.notes)  # no gzip trailer yet: as after kill -9
     rec.stop()
     assert read_recording([tmp_path]).notes == []
+
+
+def test_a_full_disk_leaves_no_empty_files_and_counts_lost_batches_apart(tmp_path: Path, monkeypatch) -> None:
+    from specctl_vllm.controller.service import recorder as recorder_module
+
+    def full_disk_open(path, mode="r"):
+        Path(path).touch()  # the file is created, as on a full disk; every write then fails with ENOSPC
+        return open("/dev/full", mode)  # the recorder closes it
+
+    monkeypatch.setattr(recorder_module, "open", full_disk_open, raising=False)
+    rec = Recorder(record_settings(tmp_path, record_flush_s=0.05))
+    rec.start()
+    for seq in range(5):
+        rec.submit(telemetry(seq, steps=[step({"code": [hist(2, [0, 1, 1])]})] * 200))
+    rec.stop()
+    assert rec.stats.batches == 0  # nothing was written
+    assert rec.stats.lost == 5 and rec.stats.errors >= 1
+    assert [p.name for p in tmp_path.iterdir()] == []  # no empty file left behind

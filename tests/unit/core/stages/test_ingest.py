@@ -38,15 +38,25 @@ def test_a_repeated_sequence_number_is_a_duplicate_counted_on_a_known_engine() -
     assert again == IngestResult("duplicate", 0) and first.book.outcomes["duplicate"] == 1
 
 
-def test_a_full_budget_refuses_and_leaves_the_state_as_it_was() -> None:
+def test_a_full_budget_refuses_a_new_engine_and_leaves_the_state_as_it_was() -> None:
     engines, models = {}, {}
     first = admit(one(), engines, models, 0, CONFIG, H200, now=1.0)
     apply(one(), first, 1.0, CONFIG)
     engines["e1"], models["m"] = first.book, first.state
     before = copy.deepcopy((first.state.to_dict(), first.book.to_dict()))
     full = BrainConfig(LearnerSettings(), PolicySettings(), BudgetSettings(max_series=100))
-    for late in (one(1, category="chat"), one(0, engine="e2")):  # a new category, a new engine
-        with pytest.raises(IngestRejected) as exc:
-            admit(late, engines, models, 100, full, H200, now=2.0)
-        assert exc.value.status == 429 and "budget full" in exc.value.reason
+    with pytest.raises(IngestRejected) as exc:
+        admit(one(0, engine="e2"), engines, models, 100, full, H200, now=2.0)
+    assert exc.value.status == 429 and "budget full" in exc.value.reason
     assert (first.state.to_dict(), first.book.to_dict()) == before and set(engines) == {"e1"}
+
+
+def test_a_full_budget_accepts_a_known_engines_batch_with_what_fits() -> None:
+    engines, models = {}, {}
+    first = admit(one(), engines, models, 0, CONFIG, H200, now=1.0)
+    apply(one(), first, 1.0, CONFIG)
+    engines["e1"], models["m"] = first.book, first.state
+    full = BrainConfig(LearnerSettings(), PolicySettings(), BudgetSettings(max_series=100))
+    late = admit(one(1, category="chat"), engines, models, 100, full, H200, now=2.0)  # a new category
+    assert not isinstance(late, IngestResult) and late.cost == 0
+    assert first.state.dropped_methods == 1  # the new category's report, dropped and counted

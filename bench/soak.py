@@ -1,0 +1,331 @@
+"""Soak: one real ``specctl serve`` under a mixed attack, beside a well-behaved fleet of engines.
+
+The fleet: ``--engines`` engines (default 64) posting small batches at ``--hz`` (default 20) each over kept-open
+connections, and probing ``/healthz`` and ``/readyz`` every second. Beside it, all the time:
+
+- idle sockets: ``--idle`` connections opened and left silent (re-opened when the server closes them);
+- flooders: two clients posting maximal (~4 MB) batches back to back;
+- a new-id storm: empty batches under fresh engine ids;
+- huge headers: requests with 1 MiB of headers;
+- an override storm: PUT/DELETE of overrides; every acknowledged write is remembered;
+- kill -9 and restart of the server every ``--kill-every`` seconds (the fleet's posts while it is down do not
+  count as answers; they are counted as ``unreachable``);
+- a full disk for the recorder: the recording folder's files are capped by the process's ``RLIMIT_FSIZE``
+  (writes beyond it fail as on a full disk), the SQLite file kept under it by small snapshots.
+
+Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max, its 5xx and the probes' 5xx, the
+server's largest RSS, the series at the end, and acknowledged override writes lost (the last acknowledged state
+of every category, compared with what the server answers at the end, after the restarts).
+
+    nice python -m bench soak --minutes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import resource
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.harness import free_port, wait_http
+from bench.ingest import Profile, make_batch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
+ADMIN, INGEST = "soak-admin-token-0123456789", "soak-ingest-token-0123456789"
+FLEET = Profile("fleet", requests_per_step=16, steps_per_batch=2, categories=4, k_max=4, step_ms=50.0)
+FLOOD = Profile("flood", requests_per_step=256, steps_per_batch=1500, categories=6, k_max=8, step_ms=25.0)
+FSIZE_LIMIT = 8 * 1024 * 1024  # bytes any one file of the server may reach
+
+
+class Server:
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.folder = folder
+        self.proc = None
+        self.rss_max_kib = 0
+        self.up = False
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCTL_")}
+        env.update({"SPECCTL_ADMIN_TOKEN": ADMIN, "SPECCTL_INGEST_TOKEN": INGEST, "SPECCTL_ACCESS_LOG": "false",
+                    "SPECCTL_DB": str(self.folder / "specctl.db"), "SPECCTL_RECORD_DIR": str(self.folder / "rec"),
+                    "SPECCTL_RECORD_FILE_BYTES": str(64 * 1024 * 1024), "SPECCTL_SNAPSHOT_INTERVAL_S": "10"})
+
+        def limit_files() -> None:  # the recorder's file fills a "disk" of FSIZE_LIMIT bytes
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+        self.proc = _start_limited(self.port, env, self.folder, limit_files)
+        wait_http(self.url + "/readyz", self.proc, timeout_s=120)
+        self.up = True
+
+    def kill9(self) -> None:
+        self.up = False
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def sample_rss(self) -> None:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.rss_max_kib = max(self.rss_max_kib, int(line.split()[1]))
+        except OSError:
+            pass
+
+
+def _start_limited(port: int, env: dict[str, str], folder: Path, preexec: Any):
+    import subprocess
+    import sys
+
+    log = open(folder / "serve.log", "ab")  # noqa: SIM115 -- the child keeps its own copy
+    cmd = [sys.executable, "-m", "specctl_vllm.controller", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec,  # noqa: PLW1509 -- setrlimit only
+                                start_new_session=True)
+    finally:
+        log.close()
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.fleet_ms: list[float] = []
+        self.fleet_5xx = self.fleet_other = self.fleet_unreachable = 0
+        self.probe_5xx = self.probe_ok = self.probe_unreachable = 0
+        self.attack: dict[str, dict[str, int]] = {}
+        self.acked_overrides: dict[str, Any] = {}
+
+    def count(self, what: str, status: str) -> None:
+        row = self.attack.setdefault(what, {})
+        row[status] = row.get(status, 0) + 1
+
+
+async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> None:
+    rng = np.random.default_rng(i)
+    seq = 0
+    headers = {"Authorization": f"Bearer {INGEST}"}
+    async with httpx.AsyncClient(headers=headers, timeout=5.0) as client:
+        await asyncio.sleep(random.random() / hz)
+        while time.monotonic() < stop:
+            body = make_batch(FLEET, seq, rng, engine_id=f"fleet-{i}")
+            body["boot_id"] = "soak"
+            t0 = time.monotonic()
+            try:
+                r = await client.post(srv.url + "/v1/telemetry", json=body)
+                if r.status_code == 200:
+                    tally.fleet_ms.append((time.monotonic() - t0) * 1000)
+                    seq += 1
+                elif r.status_code >= 500:
+                    tally.fleet_5xx += 1
+                else:
+                    tally.fleet_other += 1
+            except httpx.HTTPError:
+                tally.fleet_unreachable += 1
+            await asyncio.sleep(max(0.0, 1 / hz - (time.monotonic() - t0)))
+
+
+async def probes(srv: Server, tally: Tally, stop: float) -> None:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while time.monotonic() < stop:
+            for path in ("/healthz", "/readyz"):
+                try:
+                    r = await client.get(srv.url + path)
+                    if r.status_code >= 500:
+                        tally.probe_5xx += 1
+                    else:
+                        tally.probe_ok += 1
+                except httpx.HTTPError:
+                    tally.probe_unreachable += 1
+            srv.sample_rss()
+            await asyncio.sleep(1.0)
+
+
+async def idle_sockets(srv: Server, n: int, stop: float) -> None:
+    held: list[socket.socket] = []
+    while time.monotonic() < stop:
+        held = [s for s in held if _open(s)]
+        while len(held) < n and srv.up:
+            try:
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=1)
+                s.setblocking(False)
+                held.append(s)
+            except OSError:
+                break
+        await asyncio.sleep(1.0)
+    for s in held:
+        s.close()
+
+
+def _open(s: socket.socket) -> bool:
+    try:
+        if s.recv(1) == b"":
+            s.close()
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        s.close()
+        return False
+    return True
+
+
+async def flooder(k: int, srv: Server, tally: Tally, stop: float) -> None:
+    raw = json.dumps(make_batch(FLOOD, 0, np.random.default_rng(100 + k), engine_id=f"flood-{k}")).encode()
+    headers = {"Authorization": f"Bearer {INGEST}", "content-type": "application/json"}
+    seq = 0
+    async with httpx.AsyncClient(headers=headers, timeout=30.0) as client:
+        while time.monotonic() < stop:
+            body = raw.replace(b'"seq": 0', b'"seq": %d' % seq, 1)
+            try:
+                r = await client.post(srv.url + "/v1/telemetry", content=body)
+                tally.count("flood", str(r.status_code))
+                seq += 1
+                if r.status_code == 429:
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+            except httpx.HTTPError:
+                tally.count("flood", "unreachable")
+                await asyncio.sleep(0.5)
+
+
+async def new_ids(srv: Server, tally: Tally, stop: float) -> None:
+    headers = {"Authorization": f"Bearer {INGEST}"}
+    n = 0
+    async with httpx.AsyncClient(headers=headers, timeout=10.0) as client:
+        while time.monotonic() < stop:
+            body = {"protocol": 1, "engine_id": f"storm-{n}", "boot_id": "b", "model_name": f"storm-model-{n % 50}",
+                    "seq": 0, "sent_at": 0.0, "spec": {"method": "ngram", "k_max": 4}, "steps": []}
+            try:
+                r = await client.post(srv.url + "/v1/telemetry", json=body)
+                tally.count("new_id", str(r.status_code))
+            except httpx.HTTPError:
+                tally.count("new_id", "unreachable")
+            n += 1
+            await asyncio.sleep(0.02)
+
+
+async def huge_headers(srv: Server, tally: Tally, stop: float) -> None:
+    pad = b"X-Pad: " + b"a" * (1024 * 1024) + b"\r\n"
+    while time.monotonic() < stop:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n")
+            await asyncio.wait_for(writer.drain(), 5)
+            line = await asyncio.wait_for(reader.readline(), 5)
+            tally.count("huge_headers", line.split(b" ")[1].decode() if line.count(b" ") >= 1 else "closed")
+            writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            tally.count("huge_headers", "closed")
+        await asyncio.sleep(0.5)
+
+
+async def override_storm(srv: Server, tally: Tally, stop: float) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    cats = [f"storm{i}" for i in range(8)]
+    async with httpx.AsyncClient(headers=headers, timeout=10.0) as client:
+        while time.monotonic() < stop:
+            cat = random.choice(cats)
+            try:
+                if random.random() < 0.7:
+                    k = random.randint(0, 6)
+                    r = await client.put(srv.url + f"/v1/overrides/{cat}",
+                                         json={"k": k, "reason": "soak", "actor": "soak"})
+                    if r.status_code == 200:
+                        tally.acked_overrides[cat] = k
+                else:
+                    r = await client.delete(srv.url + f"/v1/overrides/{cat}", params={"reason": "soak",
+                                                                                      "actor": "soak"})
+                    if r.status_code in (200, 204, 404):
+                        tally.acked_overrides[cat] = None
+                tally.count("override", str(r.status_code))
+            except httpx.HTTPError:
+                tally.count("override", "unreachable")  # not acknowledged: the state is unknown, checked below
+                tally.acked_overrides.pop(cat, None)
+            await asyncio.sleep(0.05)
+
+
+async def killer(srv: Server, every_s: float, stop: float, restarts: list[float]) -> None:
+    while time.monotonic() + every_s < stop:
+        await asyncio.sleep(every_s)
+        t0 = time.monotonic()
+        srv.kill9()
+        await asyncio.to_thread(srv.start)
+        restarts.append(round(time.monotonic() - t0, 2))
+
+
+async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    srv = Server(folder)
+    srv.start()
+    tally = Tally()
+    restarts: list[float] = []
+    stop = time.monotonic() + args.minutes * 60
+    tasks = [engine(i, srv, tally, stop, args.hz) for i in range(args.engines)]
+    tasks += [probes(srv, tally, stop), idle_sockets(srv, args.idle, stop), flooder(0, srv, tally, stop),
+              flooder(1, srv, tally, stop), new_ids(srv, tally, stop), huge_headers(srv, tally, stop),
+              override_storm(srv, tally, stop), killer(srv, args.kill_every, stop, restarts)]
+    await asyncio.gather(*tasks)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
+        now = {o["category"]: o["k"] for o in (await client.get(srv.url + "/v1/overrides")).json()}
+        metrics = (await client.get(srv.url + "/metrics")).text
+    lost = sorted(c for c, k in tally.acked_overrides.items() if now.get(c) != k)
+    series = next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("specctl_series ")),
+                  None)
+    srv.sample_rss()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(30)
+    ms = np.array(tally.fleet_ms) if tally.fleet_ms else np.array([np.nan])
+    return {
+        "fleet": {"engines": args.engines, "hz": args.hz, "answered": len(tally.fleet_ms),
+                  "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
+                  "max_ms": round(float(np.max(ms)), 1), "5xx": tally.fleet_5xx, "other_4xx": tally.fleet_other,
+                  "unreachable_during_restarts": tally.fleet_unreachable,
+                  "achieved_posts_per_s": round(len(tally.fleet_ms) / (args.minutes * 60), 1)},
+        "probes": {"ok": tally.probe_ok, "5xx": tally.probe_5xx, "unreachable_during_restarts": tally.probe_unreachable},
+        "server": {"rss_max_mb": round(srv.rss_max_kib / 1024, 1), "series_at_end": series,
+                   "restarts_s": restarts},
+        "attack": tally.attack,
+        "acknowledged_override_writes_lost": lost,
+        "recorder_lines": [line for line in metrics.splitlines() if line.startswith("specctl_recorder_")],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--engines", type=int, default=64)
+    p.add_argument("--hz", type=float, default=20.0)
+    p.add_argument("--idle", type=int, default=300, help="idle sockets held open")
+    p.add_argument("--kill-every", type=float, default=60.0, help="seconds between kill -9 and restart")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--notes", default="", help="free text stored with the result (the host's conditions)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="specctl-soak-") as tmp:
+        result = asyncio.run(soak(args, Path(tmp)))
+    fleet, server = result["fleet"], result["server"]
+    result["verdict"] = {
+        "fleet_p99_under_250_ms": fleet["p99_ms"] < 250, "rss_at_most_256_mb": server["rss_max_mb"] <= 256,
+        "no_5xx_to_fleet_or_probes": fleet["5xx"] == 0 and result["probes"]["5xx"] == 0,
+        "no_lost_acknowledged_writes": not result["acknowledged_override_writes_lost"],
+    }
+    result["command"] = "python -m bench soak " + " ".join(argv or [])
+    result["host"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()}
+    result["notes"] = args.notes
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0 if all(result["verdict"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
