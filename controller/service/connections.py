@@ -47,6 +47,18 @@ def connection_cap(configured: int | None, soft_fd_limit: int | None = None) -> 
     return allowed if configured is None else max(1, min(configured, allowed))
 
 
+def content_length(head: bytes) -> int:
+    """The request body's declared length; 0 where none is declared or it is unreadable (the HTTP parser
+    refuses those requests itself). A chunked body counts as 0: its bytes after an early response are then
+    read as headers, the behaviour without this count."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            value = value.strip()
+            return int(value) if value.isdigit() and len(value) <= 18 else 0
+    return 0
+
+
 def header_problem(head: bytes, max_bytes: int, max_count: int) -> str | None:
     """Why a request line and headers received so far (``head``, maybe not complete) are refused, or None."""
     if len(head) > max_bytes:
@@ -112,6 +124,10 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
             self._timer: asyncio.TimerHandle | None = None
             self._transport: Any = None
             self._served = False  # the wrapped protocol was given the connection (and must hear of its end)
+            # bytes of the request body not yet received (Content-Length); a response may start before the body
+            # is in (an early 401), and what arrives after it is still that body, not the next request's headers
+            self._body_left = 0
+            self._responded = False
 
         # -- asyncio.Protocol ------------------------------------------------------------------------
         def connection_made(self, transport: Any) -> None:  # uvloop's transports are not asyncio's classes
@@ -133,19 +149,25 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
             if self not in policy.open:
                 return
             policy.touch(self)
-            if self.state != REQUEST:
-                self.state = HEADERS
-                start = max(0, len(self._head) - 3)
-                self._head += data
-                end = self._head.find(_END, start)
-                head = self._head if end < 0 else self._head[: end + 4]
-                problem = header_problem(head, policy.max_header_bytes, policy.max_header_count)
-                if problem is not None:
-                    self._refuse_headers(problem)
-                    return
-                if end >= 0:
-                    self.state, self._head = REQUEST, b""
-                    self._disarm()
+            if self.state == REQUEST:
+                self._body_left -= len(data)
+                if self._responded and self._body_left <= 0:
+                    self._next_request()
+                self._inner.data_received(data)
+                return
+            self.state = HEADERS
+            start = max(0, len(self._head) - 3)
+            self._head += data
+            end = self._head.find(_END, start)
+            head = self._head if end < 0 else self._head[: end + 4]
+            problem = header_problem(head, policy.max_header_bytes, policy.max_header_count)
+            if problem is not None:
+                self._refuse_headers(problem)
+                return
+            if end >= 0:
+                self._body_left = content_length(head) - (len(self._head) - end - 4)
+                self.state, self._head, self._responded = REQUEST, b"", False
+                self._disarm()
             self._inner.data_received(data)
 
         def eof_received(self) -> bool | None:
@@ -170,10 +192,15 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
                 self._transport.close()
 
         def _responding(self) -> None:
-            if self.state == REQUEST:  # the response starts: what arrives next is the next request's headers
-                self.state = WAITING
-                self._arm()
+            if self.state == REQUEST:
+                self._responded = True
+                if self._body_left <= 0:  # the response starts: what arrives next is the next request's headers
+                    self._next_request()
             policy.touch(self)
+
+        def _next_request(self) -> None:
+            self.state, self._body_left = WAITING, 0
+            self._arm()
 
         def _refuse_headers(self, problem: str) -> None:
             policy.headers_refused += 1

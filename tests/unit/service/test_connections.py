@@ -11,7 +11,8 @@ import pytest
 import uvicorn
 
 from specctl_vllm.controller.service.app import create_app
-from specctl_vllm.controller.service.connections import ConnectionPolicy, guarded_protocol, header_problem
+from specctl_vllm.controller.service.connections import (ConnectionPolicy, content_length, guarded_protocol,
+                                                       header_problem)
 from specctl_vllm.controller.service.server import http_protocol
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 
@@ -185,6 +186,38 @@ def test_a_large_body_after_small_headers_is_not_counted_as_headers(tmp_path):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_body_arriving_after_an_early_response_is_body_not_headers(tmp_path, http):
+    """The app answers 401 before reading the body; the body's bytes that arrive afterwards are not the next
+    request's headers (they were refused as 431 when the response was taken for the end of the request)."""
+    server, thread, port, policy = _serve(tmp_path, max_connections=8, header_timeout_s=30, max_header_bytes=1024,
+                                          http=http)
+    try:
+        body = b"x" * 200_000
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            head = b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            assert _request(port, head, s) == b"HTTP/1.1 401 Unauthorized"  # answered before the body was sent
+            s.sendall(body)
+            deadline = time.monotonic() + 2
+            while policy.headers_refused == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert policy.headers_refused == 0
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize(("head", "length"), [
+    (b"POST / HTTP/1.1\r\nContent-Length: 12\r\n\r\n", 12),
+    (b"POST / HTTP/1.1\r\ncontent-length:  7 \r\n\r\n", 7),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 0),
+    (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 0),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0),
+])
+def test_content_length(head, length):
+    assert content_length(head) == length
 
 
 @pytest.mark.parametrize(
