@@ -11,8 +11,12 @@ import pytest
 import uvicorn
 
 from specctl_vllm.controller.service.app import create_app
-from specctl_vllm.controller.service.connections import (ConnectionPolicy, content_length, guarded_protocol,
-                                                       header_problem)
+from specctl_vllm.controller.service.connections import (
+    ConnectionPolicy,
+    content_length,
+    guarded_protocol,
+    header_problem,
+)
 from specctl_vllm.controller.service.server import http_protocol
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 
