@@ -103,24 +103,27 @@ def test_small_posts_are_served_between_large_batches(tmp_path):
         floods = [asyncio.create_task(runtime.ingest(raw)) for raw in large]
         await asyncio.sleep(0)
         waits = []
+        during_first = 0  # small posts answered while the first large batch was still being parsed or merged
         seq = 0
         while not all(f.done() for f in floods):  # small posts for as long as the large batches take
             raw = json.dumps(make_batch(SMALL, seq, rng, engine_id="steady")).encode()
             t0 = time.perf_counter()
             await runtime.ingest(raw)
             waits.append(time.perf_counter() - t0)
+            during_first += not floods[0].done()
             seq += 1
             await asyncio.sleep(0.01)
         await asyncio.gather(*floods)
         assert runtime._merger.slices > len(large)  # they were merged in slices
         await runtime.close_merger()
         store.close()
-        return waits, None
+        return waits, during_first
 
-    waits, _ = asyncio.run(run())
-    # ordering, not a latency figure (the host is shared): small posts kept being answered while the large
-    # batches were parsed and merged, most of them at once
-    assert len(waits) >= 10, f"only {len(waits)} small posts were answered while the large batches merged"
+    waits, during_first = asyncio.run(run())
+    # ordering, not a count of posts per second (the host is shared, and how many small posts fit beside the
+    # large batches depends on its speed): the old ingest held the lock through a large batch's whole parse and
+    # merge, so no small post was answered before the first large batch was done
+    assert during_first >= 2, f"{during_first} small posts answered during the first large batch ({len(waits)} in all)"
     assert sorted(waits)[len(waits) // 2] < 0.1, [round(w, 3) for w in waits]
 
 
