@@ -3,7 +3,8 @@
 Entry point ``specctl_bench = bench.gpu.accept_plugin:register`` (group ``vllm.general_plugins``; the steady-load
 sweep writes a dist-info folder that declares it, ``plugin_dist.py``). vLLM calls :func:`register` in every
 process it starts, possibly more than once: it is idempotent, never raises, and does nothing unless
-``SPECCTL_BENCH_ACCEPT`` is set. It then wraps two functions of model runner V2 (vLLM 0.26), where they exist:
+``SPECCTL_BENCH_ACCEPT`` is set. It then wraps two functions of model runner V2 (vLLM 0.26; on 0.34 the
+acceptance mask reads the device layout instead, ``accept_device.py``), where they exist:
 
 **Acceptance per category.** vLLM's synthetic rejection sampler accepts draft position i (0-based) with one
 engine-wide conditional rate ``r_i`` (the engine is started with the high profile's unconditional rates
@@ -44,6 +45,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bench.gpu import accept_device
+
 # Under "vllm.": in a vLLM process the lines use vLLM's handler and format.
 logger = logging.getLogger("vllm.specctl.bench")
 
@@ -75,7 +78,9 @@ def _install_once() -> tuple[str, ...]:
         return ()
     installed = []
     betas = parse_betas(raw)
-    if betas and _wrap(_SAMPLER, lambda original: wrap_rejection_sampler(original, AcceptanceMask(betas))):
+    if betas and accept_device.install(betas, AcceptanceMask, _wrap):  # vLLM >= 0.34: the device layout
+        installed.append("acceptance (device layout)")
+    elif betas and _wrap(_SAMPLER, lambda original: wrap_rejection_sampler(original, AcceptanceMask(betas))):
         installed.append("acceptance")
     path = os.environ.get(DISPATCH_FILE_ENV)
     if path:

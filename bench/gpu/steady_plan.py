@@ -90,6 +90,9 @@ class SteadyEngine:
     env: tuple[tuple[str, str], ...] = ()
     #: the proposal method when not the sweep's ``--draft-method`` (the other drafters' smoke rows)
     drafter: str = ""
+    #: vLLM's adaptive verification (>= 0.34: ``enable_adaptive_verification``; its per-request verify budget and
+    #: online acceptance estimator), inside the engine's k (``num_speculative_tokens``)
+    adaptive: bool = False
 
     @property
     def plugins(self) -> tuple[str, ...]:
@@ -130,7 +133,17 @@ def optional_engines() -> list[SteadyEngine]:
     ``specctl_skip``: K = 0 steps skip the drafter, and the drafter's KV cache misses the positions decoded at
     K = 0; the step still costs more than plain's (docs/engine.md). ``ktable0``: see :data:`KTABLE0_ENGINE`."""
     return [SteadyEngine(name="specctl_skip", k=SPECCTL_K_MAX, specctl=True, env=((DRAFT_AT_ZERO_ENV, "skip"),)),
-            KTABLE0_ENGINE, *drafter_engines()]
+            KTABLE0_ENGINE, *drafter_engines(), *adaptive_engines()]
+
+
+def adaptive_engines() -> list[SteadyEngine]:
+    """vLLM >= 0.34, beside its own adaptive verification (the peer rows of vLLM 0.34). ``av``: vLLM's
+    documented configuration, ``enable_adaptive_verification`` at K = 7 with the stock scheduler (its budget
+    and estimator decide every request's drafts). ``specctl_av``: the two composed - specctl owns, per
+    category, the drafter, the off switch and the most drafts a request may get; vLLM's budget decides each
+    request's verify count inside that."""
+    return [SteadyEngine(name="av", k=SPECCTL_K_MAX, adaptive=True),
+            SteadyEngine(name="specctl_av", k=SPECCTL_K_MAX, specctl=True, adaptive=True)]
 
 
 #: vLLM's own speculative engine held at K = 0 at every batch size by its batch-size K table, with the drafter
@@ -311,6 +324,8 @@ def spec_config(engine: SteadyEngine, draft_dir: Path, *, method: str, synthetic
         spec["synthetic_acceptance_rates"] = acceptance_rates(PROFILES[ENGINE_PROFILE], engine.k)
     if engine.k_table is not None:
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in engine.k_table]
+    if engine.adaptive:
+        spec["enable_adaptive_verification"] = True
     return spec
 
 

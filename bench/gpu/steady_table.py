@@ -260,6 +260,31 @@ def pair_noise(ratios: list[float]) -> tuple[int, float | None, int | None]:
     return n, sd, max(2, math.ceil((Z95 * sd / RESOLVE) ** 2))
 
 
+#: vLLM's adaptive verification alone, the reference of the 0.34 peer rows (steady_plan.adaptive_engines)
+AV = "av"
+
+
+def av_table(rows: dict, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
+    """Median tok/s of every other engine over ``av``'s at the same point, per profile; '' without av rows."""
+    lines = []
+    for profile in STEADY_PROFILES:
+        others = [n for n in engine_order(rows, profile) if n != AV]
+        if not any((AV, profile, c) in rows for c in concurrency) or not others:
+            continue
+        for name in others:
+            cells = []
+            for c in concurrency:
+                a = (rows.get((AV, profile, c)) or {}).get("tok_per_s_median")
+                b = (rows.get((name, profile, c)) or {}).get("tok_per_s_median")
+                cells.append(f"{b / a:.3f}" if a and b else "-")
+            if any(x != "-" for x in cells):
+                lines.append(f"| {profile} | {name} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    head = "| profile | engine / av | " + " | ".join(f"c={c}" for c in concurrency) + " |"
+    return "\n".join([head, "|---|---|" + "---|" * len(concurrency), *lines])
+
+
 def failures_text(failures: dict) -> str:
     return "\n".join(f"{name}: did not start (exit {row.get('rc')}): {row.get('error', '')[:300]}"
                      for name, row in sorted(failures.items()))
@@ -291,6 +316,10 @@ def render(path: Path) -> str:
             if engine_order(rows, profile):
                 parts.append(f"spread per point, {profile}")
                 parts.append(spread_table(rows, profile))
+    versus_av = av_table(shared)
+    if versus_av:
+        parts.append("against vLLM's adaptive verification (``av``): median tok/s over av's at the same point")
+        parts.append(versus_av)
     cold = cold_start_text(rows)
     if cold:
         parts.append(cold)

@@ -211,3 +211,23 @@ def test_drafter_smoke_engines_start_their_own_drafter(tmp_path):
     assert not by_name["dflash_specctl"].env  # the skip wrapper covers autoregressive drafters only
     eagle = plan.engine_kwargs(plan.engines()[1], *model_dirs(tmp_path, "8b", "eagle3"))["speculative_config"]
     assert eagle["method"] == "eagle3" and eagle["model"].endswith("8b-eagle3")
+
+
+@pytest.mark.parametrize(("name", "scheduler", "plugins"), [
+    ("av", False, ("specctl_bench",)),
+    ("specctl_av", True, ("specctl", "specctl_bench")),
+])
+def test_adaptive_verification_engines_enable_vllm_s_budget_at_k_max(tmp_path, name, scheduler, plugins):
+    engine = {e.name: e for e in plan.optional_engines()}[name]
+    kw = plan.engine_kwargs(engine, tmp_path / "t", tmp_path / "d")
+    spec = kw["speculative_config"]
+    assert spec["enable_adaptive_verification"] is True and spec["num_speculative_tokens"] == plan.SPECCTL_K_MAX
+    assert spec["rejection_sample_method"] == "synthetic"  # acceptance still set per category by the plugin
+    assert ("scheduler_cls" in kw) is scheduler and engine.plugins == plugins
+    assert plan.SteadyEngine.from_json(engine.to_json()) == engine
+
+
+def test_no_other_engine_enables_adaptive_verification(tmp_path):
+    for engine in (*plan.engines(), *plan.optional_engines()):
+        spec = plan.engine_kwargs(engine, tmp_path, tmp_path)["speculative_config"] or {}
+        assert ("enable_adaptive_verification" in spec) == (engine.name in ("av", "specctl_av"))

@@ -181,3 +181,22 @@ def test_the_paired_line_states_its_pairs_coverage_noise_and_the_pairs_needed(tm
                               row("premise-k0", "low", 64, 7700, 7400, 7900, pair=pair)])
     assert "| premise-k0 | low | 64 | plain | 1.000 (0.960-1.040) | 7700 / 7700 | 3 | 75.0% | 0.040 | 16 |" \
         in render(path)
+
+
+def test_av_table_gives_each_engine_over_vllm_s_adaptive_verification(tmp_path):
+    from bench.gpu.steady_table import av_table
+
+    rows = [row("av", "mixed", 1, 400.0, 390.0, 410.0), row("specctl", "mixed", 1, 440.0, 430.0, 450.0),
+            row("specctl_av", "mixed", 1, 380.0, 370.0, 390.0), row("k4", "mixed", 16, 900.0, 890.0, 910.0)]
+    text = av_table({(r["engine"], r["profile"], r["concurrency"]): r for r in rows}, concurrency=(1, 16))
+    assert "| mixed | specctl | 1.100 | - |" in text
+    assert "| mixed | specctl_av | 0.950 | - |" in text
+    assert "k4" not in text  # no av row at its point
+    assert "against vLLM's adaptive verification" in render(results(tmp_path, rows))
+
+
+def test_av_table_is_empty_without_av_rows():
+    from bench.gpu.steady_table import av_table
+
+    rows = [row("specctl", "mixed", 1, 440.0, 430.0, 450.0)]
+    assert av_table({(r["engine"], r["profile"], r["concurrency"]): r for r in rows}) == ""
