@@ -88,6 +88,10 @@ def analyse(rows: list[dict]) -> dict:
         "specctl/oracle": ("specctl", "oracle"),
         "oracle/best_single_static": ("oracle", best_single),
         "specctl/k0": ("specctl", "k0"),
+        # beside vLLM's adaptive verification (bench trace --adaptive-verification)
+        "specctl/av": ("specctl", "av"),
+        "specctl_av/av": ("specctl_av", "av"),
+        "av/best_single_static": ("av", best_single),
     }.items() if a in total and b in total}
     out["seconds"] = seconds
     return out

@@ -26,10 +26,14 @@ start() {
     rm -rf "$BG/checkout" "$BG/rc" "$BG/out"
     mkdir -p "$BG/out" "$BG/checkout"
     # the code only: not a virtual environment, caches or the carried wheel parts (links stay links)
-    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./.cache --exclude=./bench/gpu/parts -cf - . \
-        | tar -C "$BG/checkout" -xf -
-    sed -i "s#^export PYTHONPATH=\"[^:]*:#export PYTHONPATH=\"$BG/checkout:#" "$HOME_DIR/env.sh"
-    setsid nohup bash -c "cd '$BG/checkout' && source '$HOME_DIR/env.sh' && export SPECCTL_BG_OUT='$BG/out' \
+    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./.cache --exclude=./bench/gpu/parts \
+        --exclude=./bench/gpu/wheels -cf - . | tar -C "$BG/checkout" -xf -
+    # the environment install.sh wrote for the installed wheel set (SPECCTL_GPU_SET: vllm026 or vllm034)
+    local set="${SPECCTL_GPU_SET:-vllm026}" env_file="$HOME_DIR/env.sh"
+    [[ "$set" == vllm026 ]] || env_file="$HOME_DIR/env-$set.sh"
+    [[ -f "$env_file" ]] || { echo "no $env_file: run bench/gpu/install.sh install $set first" >&2; exit 1; }
+    sed -i "s#^export PYTHONPATH=\"[^:]*:#export PYTHONPATH=\"$BG/checkout:#" "$env_file"
+    setsid nohup bash -c "cd '$BG/checkout' && source '$env_file' && export SPECCTL_BG_OUT='$BG/out' \
         && bash '$script'; echo \$? > '$BG/rc'" > "$BG/out/background.log" 2>&1 < /dev/null &
     echo $! > "$BG/pid"
     echo "started $script (pid $(cat "$BG/pid")), log $BG/out/background.log"

@@ -150,13 +150,21 @@ class Poller(threading.Thread):
             self.rows.append({"t": round(t, 2), "k": cats, "width_steps": widths})
 
 
-def config_k(config: str) -> int | None:
-    """``kN`` -> N; ``specctl`` -> None."""
-    if config == "specctl":
+#: Configurations of an engine started with vLLM's adaptive verification (``bench trace --adaptive-verification``):
+#: ``av`` pins every category at the engine's k (vLLM's budget decides each request's drafts inside it),
+#: ``specctl_av`` lets specctl's policy set the category's k, drafter and off switch around that budget.
+ADAPTIVE_CONFIGS = ("av", "specctl_av")
+
+
+def config_k(config: str, k_max: int = 7) -> int | None:
+    """``kN`` -> N; ``av`` -> k_max; ``specctl`` and ``specctl_av`` -> None (the policy decides)."""
+    if config in ("specctl", "specctl_av"):
         return None
+    if config == "av":
+        return k_max
     if config.startswith("k") and config[1:].isdigit():
         return int(config[1:])
-    raise ValueError(f"unknown configuration {config!r} (specctl or kN)")
+    raise ValueError(f"unknown configuration {config!r} (specctl, kN, av or specctl_av)")
 
 
 def one_run(engine, trace: Trace, controller: ControllerProc, config: str, repeat: int, make_request,

@@ -73,7 +73,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=None, help="scale the trace to this many seconds")
     p.add_argument("--profiles", type=Path, default=DEFAULT_PROFILES, help="acceptance profiles file")
     p.add_argument("--profile", default="eagle3-published", help="profile name in --profiles (default: %(default)s)")
-    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="specctl and/or kN, comma-separated")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="specctl and/or kN, comma-separated (av, specctl_av: with --adaptive-verification)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--results", type=Path, required=True, help="JSONL file the runs are appended to")
     p.add_argument("--state-dir", type=Path, required=True, help="models, controller store, logs")
@@ -94,10 +94,32 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-concurrency", type=int, default=None, help="cap every phase's load (CPU smoke tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--controller-port", type=int, default=18091)
+    p.add_argument("--adaptive-verification", action="store_true",
+                   help="vLLM >= 0.34: start the engine with enable_adaptive_verification; configurations av "
+                        "(every category pinned at k 7) and specctl_av (specctl's policy around vLLM's budget)")
     p.add_argument("--record-dir", type=Path, default=None,
                    help="the controller records every run's telemetry under DIR/<config>-r<repeat> (specctl replay, "
                         "bench trace.measured)")
     return p.parse_args(argv)
+
+
+def config_problem(configs: tuple[str, ...], adaptive: bool, platform: str) -> str:
+    """Why these configurations cannot share one engine ('' when they can): av and specctl_av run on an engine
+    started with adaptive verification (GPU only), every other configuration on one without it."""
+    from bench.trace.engine_proc import ADAPTIVE_CONFIGS, config_k
+
+    for c in configs:
+        try:
+            config_k(c)
+        except ValueError as exc:
+            return str(exc)
+    wrong = [c for c in configs if (c in ADAPTIVE_CONFIGS) != adaptive]
+    if wrong:
+        return (f"{', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} "
+                + ("an engine without --adaptive-verification" if adaptive else "--adaptive-verification"))
+    if adaptive and platform != "gpu":
+        return "--adaptive-verification needs the GPU platform (vLLM >= 0.34 with CUDA graphs)"
+    return ""
 
 
 def engine_kwargs(args: argparse.Namespace, profile, trace) -> dict:
@@ -115,6 +137,8 @@ def engine_kwargs(args: argparse.Namespace, profile, trace) -> dict:
     longest = max(p.output_max for p in trace.phases)
     kwargs["max_model_len"] = PROMPT_TOKENS + longest + 64
     kwargs["max_num_seqs"] = max(8, min(256, trace.max_concurrency()))
+    if getattr(args, "adaptive_verification", False):
+        kwargs["speculative_config"]["enable_adaptive_verification"] = True
     return kwargs
 
 
@@ -185,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: profile {profile.name} has no rates for {', '.join(missing)}", file=sys.stderr)
         return 2
     configs = tuple(c for c in args.configs.split(",") if c)
+    problem = config_problem(configs, args.adaptive_verification, args.platform)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     todo_all = run_order(configs, args.repeats)
     done = done_runs(args.results, trace.name, profile.name, trace.duration_s)
     todo = [r for r in todo_all if r not in done]

@@ -154,6 +154,40 @@ def test_oracle_is_each_phases_best_static_and_ratios_are_per_repeat():
     assert "specctl" in stats.table(result) and "**" in stats.phase_table(result)
 
 
+def test_adaptive_verification_rows_are_no_static_and_get_their_ratios():
+    rows = []
+    for r in range(2):
+        rows += [run_row("k4", r, (2000, 1000)), run_row("specctl", r, (1900, 2900)), run_row("av", r, (2000, 2000)),
+                 run_row("specctl_av", r, (2200, 2200))]
+    result = stats.analyse(rows)
+    assert result["best_single_static"] == "k4" and set(result["oracle_choice"].values()) == {"k4"}
+    assert result["ratios"]["specctl/av"]["median"] == pytest.approx(4800 / 4000)
+    assert result["ratios"]["specctl_av/av"]["median"] == pytest.approx(1.1)
+    assert result["ratios"]["av/best_single_static"]["median"] == pytest.approx(4000 / 3000)
+
+
+@pytest.mark.parametrize(("configs", "adaptive", "platform", "problem"), [
+    (("specctl", "k0", "k7"), False, "gpu", ""),
+    (("av", "specctl_av"), True, "gpu", ""),
+    (("av",), False, "gpu", "av needs --adaptive-verification"),
+    (("specctl", "av"), True, "gpu", "specctl needs an engine without --adaptive-verification"),
+    (("av",), True, "cpu", "needs the GPU platform"),
+    (("k2", "fast"), False, "gpu", "unknown configuration 'fast'"),
+])
+def test_configurations_that_cannot_share_one_engine_are_refused(configs, adaptive, platform, problem):
+    from bench.trace.run import config_problem
+
+    found = config_problem(configs, adaptive, platform)
+    assert (problem in found and found != "") if problem else found == ""
+
+
+@pytest.mark.parametrize(("config", "k"), [("specctl", None), ("specctl_av", None), ("av", 7), ("k0", 0), ("k4", 4)])
+def test_config_k(config, k):
+    from bench.trace.engine_proc import config_k
+
+    assert config_k(config) == k
+
+
 def test_run_order_interleaves_repeats():
     assert run_order(("s", "a", "b"), 3) == [("s", 0), ("a", 0), ("b", 0), ("b", 1), ("a", 1), ("s", 1),
                                               ("s", 2), ("a", 2), ("b", 2)]
