@@ -3,10 +3,12 @@
 # the order that answers "what does specctl add to adaptive verification" first, so a session cut short still
 # brings back the rows that decide it. Run through background.sh with SPECCTL_GPU_SET=vllm034 after
 # `install.sh install vllm034` (bench/gpu/README.md, "vLLM 0.34 on the device").
-#  1. av: vLLM's documented configuration (enable_adaptive_verification, K = 7, stock scheduler), mixed profile at
+#  1. the day trace on one adaptive-verification engine: av (every category pinned at K = 7, vLLM's verify budget
+#     inside it) and specctl_av (specctl's policy around that budget), repeats interleaved: one engine start
+#     answers the question on the benchmark where load and mix change;
+#  2. av: vLLM's documented configuration (enable_adaptive_verification, K = 7, stock scheduler), mixed profile at
 #     c = 1, 16, 64, 256;
-#  2. specctl_av: specctl composed with it, same points;
-#  3. the day trace on an adaptive-verification engine: av and specctl_av, one repeat;
+#  3. specctl_av: specctl composed with it, same points;
 #  4. specctl alone, mixed at the same points;
 #  5. the day trace on a plain specctl engine: specctl, k4, k2, k0, k7;
 #  6. plain and static K, the K table, then the high and low profiles for every engine.
@@ -26,14 +28,14 @@ python3 -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch._
 trace() { local b; b=$(left); ((b > 120)) || { echo "== no time left for trace: $*"; return 0; }
           echo "== $(date +%T) budget ${b}s: trace $*"
           PYTHONUNBUFFERED=1 python3 -m bench trace --results "$TRACE" --state-dir "$STATE/trace" --mirror "$OUTDIR" \
-              --budget-s "$b" --duration-s "${TRACE_DURATION_S:-40}" --profile eagle3-published --repeats 1 \
+              --budget-s "$b" --duration-s "${TRACE_DURATION_S:-40}" --profile eagle3-published --repeats "${TRACE_REPEATS:-2}" \
               --model-runner default "$@"
           cp "$STATE"/trace/controller.log "$OUTDIR/trace_controller.log" 2>/dev/null || true; }
 MIXED=(--profiles mixed --concurrency 1,16,64,256)
+trace --adaptive-verification --configs av,specctl_av
 sweep --results "$STEADY" --only av "${MIXED[@]}"
 fresh_controller
 sweep --results "$STEADY" --only specctl_av "${MIXED[@]}"
-trace --adaptive-verification --configs av,specctl_av
 fresh_controller
 sweep --results "$STEADY" --only specctl "${MIXED[@]}"
 trace --configs specctl,k4,k2,k0,k7
