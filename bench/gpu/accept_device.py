@@ -124,7 +124,7 @@ def wrap_gather(original: Callable, device_mask: DeviceMask) -> Callable:
         try:
             draft_sampled = mask_drafts(draft_sampled, expanded_idx_mapping, expanded_local_pos, table,
                                         device_mask.generator)
-        except Exception:  # counting on a mask is for the benchmark only: never break the step
+        except Exception:  # the mask is for the benchmark only: never break the step
             logger.warning("specctl-bench: device mask failed; step left unmasked", exc_info=True)
         return draft_sampled, pos
 
@@ -141,7 +141,7 @@ def install(betas: Mapping[str, Any], make_mask: Callable[[Mapping[str, Any]], A
     try:
         module = importlib.import_module(module_name)
         original = getattr(module, name)
-    except Exception:  # another vLLM: the host-side mask applies
+    except (ImportError, AttributeError):  # another vLLM: the host-side mask applies
         return False
     device_mask = getattr(original, "_specctl_device_mask", None)
     if device_mask is None:  # not wrapped yet (a second install reuses the first one's table holder)

@@ -12,8 +12,8 @@ import pytest
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
-from bench.gpu import accept_device  # noqa: E402
-from bench.gpu.accept_plugin import AcceptanceMask, keep_table  # noqa: E402
+from bench.gpu import accept_device
+from bench.gpu.accept_plugin import AcceptanceMask, keep_table
 
 ENGINE_RATES = [0.9] * 4
 BETAS = {"high": 0.9, "low": 0.45}
