@@ -39,9 +39,6 @@ BENCHMARKS: dict[str, str] = {
     "cpu.costfit": "bench.cpu.costfit",
     "cpu.record": "bench.cpu.record",
     # vLLM on a GPU host (bench/gpu/README.md)
-    "gpu.run_bench": "bench.gpu.run_bench",
-    "gpu.engine_run": "bench.gpu.engine_run",
-    "gpu.table": "bench.gpu.table",
     "gpu.fit_cost": "bench.gpu.fit_cost",
     "gpu.sweep": "bench.gpu.sweep",
     "gpu.steady": "bench.gpu.steady",
