@@ -1,8 +1,8 @@
 """One entry point for every benchmark: ``python -m bench <name> [args...]``, ``python -m bench --list``.
 
-Run from the repository root (``bench``, ``controller``, ``engine_patch`` and ``tests.support`` are imported as
-packages from there). ``<name>`` is one of :data:`BENCHMARKS`; its module's ``main(argv)`` gets the remaining
-arguments and its return value is the exit status. ``python -m bench <name> --help`` shows a benchmark's options.
+Run from the repository root (``bench`` and ``specctl_vllm`` are imported as packages from there). ``<name>`` is
+one of :data:`BENCHMARKS`; its module's ``main(argv)`` gets the remaining arguments and its return value is the
+exit status. ``python -m bench <name> --help`` shows a benchmark's options.
 """
 
 from __future__ import annotations

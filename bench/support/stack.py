@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from tests.support import controller_api
-from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
-from tests.support.vllm_server import VllmServer
+from bench.support import controller_api
+from bench.support.specctl_serve import INGEST_TOKEN, SpecctlServe
+from bench.support.vllm_server import VllmServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
