@@ -11,8 +11,8 @@ import pytest
 from bench.gpu import meter_replay as mr
 from bench.gpu.steady_widths import load
 
-# Session 8's specctl rows at 256 requests and the steps recorded up to them (bench/gpu/results/steady/*_s8*,
-# in git history), slimmed: one category per step with its committed tokens, times to 10 us. The readings below
+# The specctl rows at 256 requests of the H200 sweep of 2026-12-02 and the steps recorded up to them (its files
+# are in git history), slimmed: one category per step with its committed tokens, times to 10 us. The readings below
 # are those of the full recording to 0.2 %.
 DATA = Path(__file__).resolve().parent / "data"
 
