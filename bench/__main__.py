@@ -1,8 +1,8 @@
 """One entry point for every benchmark: ``python -m bench <name> [args...]``, ``python -m bench --list``.
 
-Run from the repository root (``bench``, ``controller``, ``engine_patch`` and ``tests.support`` are imported as
-packages from there). ``<name>`` is one of :data:`BENCHMARKS`; its module's ``main(argv)`` gets the remaining
-arguments and its return value is the exit status. ``python -m bench <name> --help`` shows a benchmark's options.
+Run from the repository root (``bench`` and ``specctl_vllm`` are imported as packages from there). ``<name>`` is
+one of :data:`BENCHMARKS`; its module's ``main(argv)`` gets the remaining arguments and its return value is the
+exit status. ``python -m bench <name> --help`` shows a benchmark's options.
 """
 
 from __future__ import annotations
@@ -39,9 +39,6 @@ BENCHMARKS: dict[str, str] = {
     "cpu.costfit": "bench.cpu.costfit",
     "cpu.record": "bench.cpu.record",
     # vLLM on a GPU host (bench/gpu/README.md)
-    "gpu.run_bench": "bench.gpu.run_bench",
-    "gpu.engine_run": "bench.gpu.engine_run",
-    "gpu.table": "bench.gpu.table",
     "gpu.fit_cost": "bench.gpu.fit_cost",
     "gpu.sweep": "bench.gpu.sweep",
     "gpu.steady": "bench.gpu.steady",

@@ -63,12 +63,12 @@ from tqdm import tqdm
 from bench.cpu import engines, measure, oracle, report, stats, traces
 from bench.cpu.driver import Phase, run_phase, touch
 from bench.cpu.workload import bench_workload, chunk_size, key
+from bench.support import controller_api
+from bench.support.specctl_serve import ADMIN_TOKEN
+from bench.support.workload import CATEGORIES
 from specctl_vllm.controller import replay_cli
 from specctl_vllm.controller.core import replay as replay_core
 from specctl_vllm.controller.core import token_traces
-from tests.support import controller_api
-from tests.support.specctl_serve import ADMIN_TOKEN
-from tests.support.workload import CATEGORIES
 
 RESULTS = ROOT / "bench" / "results"
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -234,7 +234,7 @@ class Bench:
         return not only or name in only.split(",") or (name.startswith("oracle") and "oracle" in only.split(","))
 
     def main_plan(self) -> None:
-        from tests.support.stack import model_dir
+        from bench.support.stack import model_dir
 
         self.model_dir = model_dir(self.args.model_dir)
         # telemetry is appended per phase: a fresh run must not mix in the steps of an earlier (killed) run

@@ -147,7 +147,7 @@ def add_requests(scheduler: Any, n: int, seed: int) -> None:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    from tests.support.workload import CATEGORIES
+    from bench.support.workload import CATEGORIES
 
     hash_fn = get_hash_fn_by_name("sha256")  # vLLM's default; prefix caching on, as in a served engine
     init_none_hash(hash_fn)

@@ -1,7 +1,8 @@
-"""What the benchmarks and the test support share: loopback ports, readiness polls, a controller child, /proc.
+"""What the benchmarks and their launchers (``bench.support``) share: loopback ports, readiness polls, a
+controller child, /proc.
 
-A leaf module: the standard library and httpx only, no import from the project, so ``bench`` and
-``tests.support`` both import it without an import cycle.
+A leaf module: the standard library and httpx only, no import from the project, so every module
+of ``bench`` and ``bench.support`` imports it without an import cycle.
 
 * :func:`free_port`: a free TCP port on a loopback address.
 * :func:`wait_http`: poll a URL until it answers 200, failing early when the server's process has exited.

@@ -6,7 +6,7 @@ steady-step model (:mod:`specctl_vllm.controller.core.model.budget`). There the 
 at 1.30-1.44 % of step time while it drafted (session 17; target 1 %), split into before / after (width
 rule) / observe / finish. This benchmark rebuilds that regime without a GPU:
 
-* :class:`tests.support.engine_sim.SimEngine` drives :class:`~specctl_vllm.engine_patch.hook.SpecHook` on real
+* :class:`bench.support.engine_sim.SimEngine` drives :class:`~specctl_vllm.engine_patch.hook.SpecHook` on real
   ``vllm.v1.request.Request`` objects, as the runtime does on model runner V2 (async scheduling, drafts
   counted in vLLM's own update loop through the patch's counting call);
 * each request finishes after a length drawn from ``--length`` / 2 to 3 ``--length`` / 2 tokens (128: the
@@ -107,11 +107,11 @@ def measure(n: int, steps: int, length: int, cells: str, evict_mb: float, seed: 
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
+    from bench.support.engine_sim import SimEngine, script_drafter
+    from bench.support.workload import CATEGORIES
     from specctl_vllm.engine_patch.hook import SpecHook, counting_call_ns
     from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
     from specctl_vllm.engine_patch.telemetry import StepQueue
-    from tests.support.engine_sim import SimEngine, script_drafter
-    from tests.support.workload import CATEGORIES
 
     rng = random.Random(seed * 1_000_003 + n)
     k_max = max(GRAPH_ENGINE_WIDTHS)

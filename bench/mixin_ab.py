@@ -39,8 +39,8 @@ def scheduler_classes() -> tuple[type, type]:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
+    from bench.support.engine_sim import SimOutput, SimRunnerOutput
     from specctl_vllm.engine_patch.runtime import SpecctlMixin
-    from tests.support.engine_sim import SimOutput, SimRunnerOutput
 
     class StandIn:
         make_spec_decoding_stats = Scheduler.make_spec_decoding_stats
@@ -108,11 +108,11 @@ def build_arm(patched: bool, n: int, steps: int, seed: int) -> Any:
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
+    from bench.support.workload import CATEGORIES
     from specctl_vllm.engine_patch import runtime
     from specctl_vllm.engine_patch.hook import SpecHook
     from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
     from specctl_vllm.engine_patch.telemetry import StepQueue
-    from tests.support.workload import CATEGORIES
 
     rng = random.Random(seed)
     requests = []

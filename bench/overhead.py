@@ -11,7 +11,7 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   model-free drafting (the suffix method's own cost, like vLLM's n-gram drafter: not overhead), and
   ``overhead = (hook - drafting) / step`` against the 1 % target.
 * **micro** -- the same hook on synthetic ``vllm.v1.request.Request`` objects driven by
-  :class:`tests.support.engine_sim.SimEngine` (no model), N = 1..256, timed in CPU time of the process
+  :class:`bench.support.engine_sim.SimEngine` (no model), N = 1..256, timed in CPU time of the process
   (``process_time_ns``): the hook's own cost without the noise of a real step or of other processes, divided
   by the engine's measured step time at the same N.
 
@@ -126,8 +126,8 @@ def engine_run(model_dir: Path, sizes: list[int], tokens: int) -> list[dict[str,
     os.environ["SPECCTL_CONTROLLER_URL"] = "off"
     from vllm import LLM, SamplingParams
 
-    from tests.support.vllm_server import NGRAM
-    from tests.support.workload import build_workload
+    from bench.support.vllm_server import NGRAM
+    from bench.support.workload import build_workload
 
     llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=1024,
               max_num_seqs=max(sizes), speculative_config=dict(NGRAM), seed=0,
@@ -187,11 +187,11 @@ def micro_run(sizes: list[int], steps: int = 200, graph: bool = False, engine_lo
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
+    from bench.support.engine_sim import SimEngine, script_drafter
+    from bench.support.workload import CATEGORIES
     from specctl_vllm.engine_patch.hook import SpecHook
     from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
     from specctl_vllm.engine_patch.telemetry import StepQueue
-    from tests.support.engine_sim import SimEngine, script_drafter
-    from tests.support.workload import CATEGORIES
 
     if graph:  # one width per step from the width rule (model runner V2 on a GPU)
         engine = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=GRAPH_ENGINE_WIDTHS)
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {GRAPH_RESULTS}")
         return 0
 
-    from tests.support.stack import model_dir
+    from bench.support.stack import model_dir
 
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     now = {"load_average": os.getloadavg(), "sizes": sizes, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -36,11 +36,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 from bench.overhead import GRAPH_ENGINE_WIDTHS
+from bench.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings
 from specctl_vllm.engine_patch.telemetry import KEY_SHIFT, PackedCounts, StepQueue, StepRow, pack
-from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 
 RESULTS = ROOT / "bench" / "results" / "reporter_gil.json"
 ARMS = ("off", "stretch", "paused")

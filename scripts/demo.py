@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support import controller_api
-from tests.support.specctl_serve import SpecctlServe
-from tests.support.stack import wait_attached
-from tests.support.vllm_server import NGRAM, SERVED_MODEL, VllmServer, spec_counters
-from tests.support.workload import CATEGORIES, build_workload, run_workload
+from bench.support import controller_api
+from bench.support.specctl_serve import SpecctlServe
+from bench.support.stack import wait_attached
+from bench.support.vllm_server import NGRAM, SERVED_MODEL, VllmServer, spec_counters
+from bench.support.workload import CATEGORIES, build_workload, run_workload
 
 ENGINE_ID = "demo-cpu-0"
 #: The demo's workload is a few hundred drafts per category; the controller's default evidence threshold

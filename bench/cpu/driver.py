@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from tests.support.workload import Prompt
+from bench.support.workload import Prompt
 
 
 @dataclass

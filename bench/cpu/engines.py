@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN, SpecctlServe
-from tests.support.stack import wait_attached
-from tests.support.vllm_server import VllmServer
+from bench.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN, SpecctlServe
+from bench.support.stack import wait_attached
+from bench.support.vllm_server import VllmServer
 
 K_MAX = 8
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 from bench.cpu import engines
 from bench.cpu.driver import run_phase, touch
 from bench.cpu.workload import bench_workload
-from tests.support.stack import model_dir
-from tests.support.vllm_server import VllmServer
-from tests.support.workload import CATEGORIES
+from bench.support.stack import model_dir
+from bench.support.vllm_server import VllmServer
+from bench.support.workload import CATEGORIES
 
 RESULTS = ROOT / "bench" / "results" / "cpu_identical_engines.json"
 

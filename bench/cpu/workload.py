@@ -1,4 +1,4 @@
-"""The benchmark's mixed workload: tests/support/workload.py's prompts, made distinct and larger.
+"""The benchmark's mixed workload: bench/support/workload.py's prompts, made distinct and larger.
 
 ``build_workload`` draws each category's prompt from a handful of templates, so at benchmark sizes most
 prompts repeat (identical greedy outputs), and the benchmark would measure fewer distinct requests than it
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 
-from tests.support.workload import CATEGORIES, Prompt, build_workload
+from bench.support.workload import CATEGORIES, Prompt, build_workload
 
 SUBJECTS = ["a retired pilot", "a beekeeper in the Alps", "a teenage inventor", "a haunted train station",
             "a baker who works at night", "a river that changed course", "a chess club in a small town",

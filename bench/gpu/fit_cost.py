@@ -1,8 +1,9 @@
 """Fit the step-cost model's H200 preset from the engine steps a GPU benchmark run recorded (issue 7, item 4).
 
-Inputs (written by ``run_bench.py``): ``steps.jsonl.gz``, every TelemetryBatch the specctl engines posted (each
-step's wall time, batch size, scheduled tokens and drafting depth), and ``controller_snapshot.json``, the
-controller's learned state at the end of the run (its online, prior-regularised fit of the same model).
+Inputs (the recording of the first GPU run, before ``sweep.py``, kept in ``bench/gpu/results/``):
+``steps.jsonl.gz``, every TelemetryBatch the specctl engines posted (each step's wall time, batch size, scheduled
+tokens and drafting depth), and ``controller_snapshot.json``, the controller's learned state at the end of the run
+(its online, prior-regularised fit of the same model).
 
 The model is controller/core/cost.py's (verify + drafting terms); like bench/sim/fit_presets.py it is a
 non-negative least-squares fit of the *relative* error (each step divided by its measured time) on a 16-token

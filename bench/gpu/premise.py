@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                        "SPECCTL_BENCH_ACCEPT": json.dumps({CATEGORY: BETA_HIGH}), "SPECCTL_COUNTERFACTUAL_SHARE": "0"})
     controller = None
     if args.engine == "specctl":
-        from bench.gpu.run_bench import Controller
+        from bench.gpu.processes import Controller
 
         controller = Controller(work / "controller", "h200", work / "controller.log")
         os.environ["SPECCTL_CONTROLLER_URL"] = controller.ensure()

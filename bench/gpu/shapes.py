@@ -1,4 +1,4 @@
-"""Model shapes and engine configurations of the GPU benchmark (pure data, no vLLM import).
+"""Model shapes and acceptance profiles of the GPU benchmarks (pure data, no vLLM import).
 
 The target is shaped like Llama-3-8B and the draft like a 4-layer, hidden-2048 Llama of the same vocabulary, both
 with random weights (``load_format="dummy"``, only a config.json on disk): the step costs are those of the real
@@ -10,7 +10,7 @@ instead (role ``eagle3``). ``tiny`` shapes exist only so that the harness can be
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PROMPT_TOKENS = 256
@@ -20,7 +20,6 @@ CONCURRENCY = (1, 4, 16, 64, 256)
 PROFILES = {"high": 0.85, "low": 0.45}
 #: Engine-wide proposal length specctl may use (it picks k <= K_MAX per category and per request).
 K_MAX = 7
-STATIC_K = (1, 2, 4, 7)
 
 
 @dataclass(frozen=True)
@@ -133,59 +132,5 @@ def write_model(root: Path, shape: str, role: str) -> Path:
     return folder
 
 
-def write_models(root: Path, shape: str) -> tuple[Path, Path]:
-    """config.json folders for the target and the draft (weights are dummy: vLLM initialises them)."""
-    return write_model(root, shape, "target"), write_model(root, shape, "draft")
-
-
 def acceptance_rates(beta: float, k: int) -> list[float]:
     return [round(beta ** (i + 1), 6) for i in range(k)]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """One engine start of the sweep. ``k == 0`` is plain decoding."""
-
-    name: str
-    profile: str | None = None
-    k: int = 0
-    #: vLLM's batch-size K table: [(batch_from, batch_to, k), ...]; k is then the table's maximum
-    k_table: tuple[tuple[int, int, int], ...] | None = None
-    specctl: bool = False
-    concurrency: tuple[int, ...] = CONCURRENCY
-    extra: dict = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> EngineConfig:
-        data = json.loads(text)
-        if data.get("k_table") is not None:
-            data["k_table"] = tuple(tuple(r) for r in data["k_table"])
-        data["concurrency"] = tuple(data["concurrency"])
-        return cls(**data)
-
-    @property
-    def category(self) -> str:
-        """specctl category of this config's requests: one per acceptance profile."""
-        return f"synthetic-{self.profile}" if self.profile else "default"
-
-
-#: Hand-tuned from the static-k sweep on this H200 (../shared/data/h200_vllm026_static_k.jsonl): k=4 is best up to
-#: 64 concurrent requests, and at 256 every k loses to plain decoding, so the table turns drafting off above 64.
-K_TABLE_HIGH = ((1, 64, 4), (65, 256, 0))
-
-
-def plan(profiles: tuple[str, ...] = ("high", "low")) -> list[EngineConfig]:
-    """Engine starts in run order: specctl first (the patched engine is what this run is for), then baselines."""
-    configs: list[EngineConfig] = []
-    if "high" in profiles:
-        configs.append(EngineConfig("specctl-high", "high", K_MAX, specctl=True))
-    if "low" in profiles:
-        configs.append(EngineConfig("specctl-low", "low", K_MAX, specctl=True))
-    configs.append(EngineConfig("base"))
-    if "high" in profiles:
-        configs += [EngineConfig(f"k{k}-high", "high", k) for k in STATIC_K]
-        configs.append(EngineConfig("ktable-high", "high", max(r[2] for r in K_TABLE_HIGH), k_table=K_TABLE_HIGH))
-    return configs

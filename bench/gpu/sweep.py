@@ -7,7 +7,7 @@ there and does not start an engine whose remaining points cannot finish before `
 command finishes the sweep over as many device calls as it needs. An engine that fails to start gets an
 ``engine_error`` row (not retried without ``--retry-failed``).
 
-specctl engines report to a controller this script starts on the loopback (``run_bench.Controller``: SQLite in
+specctl engines report to a controller this script starts on the loopback (``processes.Controller``: SQLite in
 ``--state-dir``, the ``--cost-preset`` cold-start preset, a recording tap in front). Every engine loads the
 benchmark plugin (``accept_plugin.py``: per-category acceptance, dispatch counts) through a dist-info folder
 on its ``PYTHONPATH``; specctl engines and the K-table engine (for its start-up backport) also load the specctl
@@ -34,7 +34,7 @@ from pathlib import Path
 from bench.gpu import steady_plan as plan
 from bench.gpu.accept_plugin import ACCEPT_ENV, DISPATCH_FILE_ENV
 from bench.gpu.plugin_dist import plugins_env, write_plugin_dist
-from bench.gpu.run_bench import Controller, run_engine_process, tail
+from bench.gpu.processes import Controller, run_engine_process, tail
 from bench.gpu.shapes import CONCURRENCY, PROFILES
 from bench.gpu.steady_table import render
 

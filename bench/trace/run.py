@@ -179,7 +179,7 @@ def cpu_engine_kwargs(args: argparse.Namespace, trace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from bench.gpu.accept_plugin import ACCEPT_ENV
     from bench.gpu.plugin_dist import plugins_env, write_plugin_dist
-    from bench.gpu.run_bench import run_engine_process
+    from bench.gpu.processes import run_engine_process
     from bench.gpu.shapes import PROMPT_TOKENS, SHAPES
 
     args = parse(argv)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe
+from bench.support.specctl_serve import SpecctlServe
 
 #: Short cadences so TTL expiry and periodic snapshots are observable within a test.
 FAST = {"SPECCTL_MAINTENANCE_INTERVAL_S": "0.2", "SPECCTL_SNAPSHOT_INTERVAL_S": "1", "SPECCTL_POLICY_INTERVAL_S": "0.5"}

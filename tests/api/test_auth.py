@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN
+from bench.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN
 from tests.unit.service.batches import batch
 
 pytestmark = pytest.mark.api

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe
+from bench.support.specctl_serve import SpecctlServe
 
 
 def _children(pid: int) -> list[int]:

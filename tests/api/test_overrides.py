@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.specctl_serve import ADMIN_TOKEN
+from bench.support.specctl_serve import ADMIN_TOKEN
 from tests.unit.service.batches import batch
 
 pytestmark = pytest.mark.api

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe, free_port
+from bench.support.specctl_serve import SpecctlServe, free_port
 
 pytestmark = pytest.mark.api
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe
+from bench.support.specctl_serve import SpecctlServe
 
 WRITERS = 4
 CATEGORIES_PER_WRITER = 3

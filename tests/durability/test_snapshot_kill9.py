@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe, telemetry_batch
+from bench.support.specctl_serve import SpecctlServe, telemetry_batch
 
 SNAPSHOT_INTERVAL_S = 1.0
 MAINTENANCE_INTERVAL_S = 0.25

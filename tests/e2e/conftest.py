@@ -3,7 +3,7 @@
 Everything is real: SmolLM2-135M-Instruct converted by ``scripts/prepare_model.py`` (float32), vLLM's OpenAI
 server on CPU with n-gram drafting (k = 4) and the patch (``--scheduler-cls``, ``--middleware``), and
 ``specctl serve`` with a SQLite file. The controller runs with a 3 s policy TTL and a 0.5 s decision interval
-(:data:`tests.support.stack.FAST_POLICY_ENV`) so expiry and override tests take seconds, and it decides per
+(:data:`bench.support.stack.FAST_POLICY_ENV`) so expiry and override tests take seconds, and it decides per
 category from 30 drafts of evidence on (default 200), so that the short e2e workloads already run under a
 learned per-category policy, not only the engine's static config. Tests that change controller state
 (overrides, restarts) restore it before they return.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import stack
-from tests.support.specctl_serve import SpecctlServe
-from tests.support.vllm_server import VllmServer
+from bench.support import stack
+from bench.support.specctl_serve import SpecctlServe
+from bench.support.vllm_server import VllmServer
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bench.support import controller_api
+from bench.support.workload import Prompt, build_workload, run_workload
 from specctl_vllm.controller import protocol
-from tests.support import controller_api
-from tests.support.workload import Prompt, build_workload, run_workload
 
 pytestmark = pytest.mark.e2e
 

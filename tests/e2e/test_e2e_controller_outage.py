@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support import controller_api
-from tests.support.stack import ENGINE_ID, POLICY_INTERVAL_S, POLICY_TTL_S, REPORT_INTERVAL_S, wait_attached
-from tests.support.vllm_server import SpecCounters, spec_counters
-from tests.support.workload import build_workload, run_workload
+from bench.support import controller_api
+from bench.support.stack import ENGINE_ID, POLICY_INTERVAL_S, POLICY_TTL_S, REPORT_INTERVAL_S, wait_attached
+from bench.support.vllm_server import SpecCounters, spec_counters
+from bench.support.workload import build_workload, run_workload
 
 pytestmark = pytest.mark.e2e
 

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from tests.support import controller_api
-from tests.support.controller_api import CategoryCounters
-from tests.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S, plain_engine
-from tests.support.vllm_server import NGRAM
-from tests.support.workload import Result, build_workload, run_workload
+from bench.support import controller_api
+from bench.support.controller_api import CategoryCounters
+from bench.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S, plain_engine
+from bench.support.vllm_server import NGRAM
+from bench.support.workload import Result, build_workload, run_workload
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tests.support import controller_api
-from tests.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S
-from tests.support.vllm_server import SERVED_MODEL, SpecCounters, spec_counters
-from tests.support.workload import build_workload, run_workload
+from bench.support import controller_api
+from bench.support.stack import POLICY_INTERVAL_S, REPORT_INTERVAL_S
+from bench.support.vllm_server import SERVED_MODEL, SpecCounters, spec_counters
+from bench.support.workload import build_workload, run_workload
 
 pytestmark = pytest.mark.e2e
 

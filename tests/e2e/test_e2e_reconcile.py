@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import controller_api
-from tests.support.vllm_server import spec_counters
-from tests.support.workload import CATEGORIES, build_workload, run_workload
+from bench.support import controller_api
+from bench.support.vllm_server import spec_counters
+from bench.support.workload import CATEGORIES, build_workload, run_workload
 
 pytestmark = pytest.mark.e2e
 

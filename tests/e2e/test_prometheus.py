@@ -2,7 +2,7 @@
 
 A Prometheus server (Debian's ``prometheus`` binary) runs on loopback from a temporary directory with a 1 s
 scrape interval, scraping the controller's and the vLLM server's ``/metrics`` and loading the project's
-alert rules. Under a short mixed workload (every category of tests/support/workload.py, one category under
+alert rules. Under a short mixed workload (every category of bench/support/workload.py, one category under
 an operator override), each panel query of each dashboard is run through Prometheus' HTTP API the way
 Grafana runs it (range or instant, template variables substituted) and must return data. The only queries
 allowed to be empty are listed in ``EVIDENCE_GATED`` with the reason; each must return data exactly when the
@@ -27,10 +27,10 @@ import pytest
 import yaml
 
 from bench.harness import free_port, wait_http
+from bench.support.vllm_server import SERVED_MODEL
+from bench.support.workload import CATEGORIES, build_workload, run_workload
 from dashboards.generate import ALERTS, REPO_ROOT, build_all
 from dashboards.queries import PanelQuery, panel_queries, parse_label_values, substitute, variable_queries
-from tests.support.vllm_server import SERVED_MODEL
-from tests.support.workload import CATEGORIES, build_workload, run_workload
 
 pytestmark = [
     pytest.mark.e2e,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bench.support.specctl_serve import INGEST_TOKEN, SpecctlServe
+from bench.support.vllm_server import VllmServer
+from bench.support.workload import build_workload
 from tests.faults.stack import (
     BACKOFF_MAX_S,
     CONNECT_TIMEOUT_S,
@@ -18,9 +21,6 @@ from tests.faults.stack import (
     FaultSuite,
 )
 from tests.support.faultproxy import Fault, FaultProxy
-from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
-from tests.support.vllm_server import VllmServer
-from tests.support.workload import build_workload
 
 
 @pytest.fixture(scope="module")

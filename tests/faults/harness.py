@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.workload import Prompt, Result, run_workload
+from bench.support.workload import Prompt, Result, run_workload
 
 #: vLLM counters read every sample (summed over label sets).
 _COUNTERS = {

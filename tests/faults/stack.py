@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.support.specctl_serve import SpecctlServe
+from bench.support.vllm_server import NGRAM, VllmServer
+from bench.support.workload import Prompt, Result
 from tests.faults.harness import ContinuousLoad, Reports, Sampler
 from tests.support.faultproxy import FaultProxy
-from tests.support.specctl_serve import SpecctlServe
-from tests.support.vllm_server import NGRAM, VllmServer
-from tests.support.workload import Prompt, Result
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get("SPECCTL_MODEL_DIR", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"))

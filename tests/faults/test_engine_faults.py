@@ -26,6 +26,7 @@ import time
 import httpx
 import pytest
 
+from bench.support.workload import run_workload
 from tests.faults.harness import (
     ContinuousLoad,
     EngineStep,
@@ -52,7 +53,6 @@ from tests.faults.stack import (
     FaultSuite,
 )
 from tests.support.faultproxy import Fault, Hostile
-from tests.support.workload import run_workload
 
 pytestmark = pytest.mark.faults
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe, telemetry_batch
+from bench.support.specctl_serve import SpecctlServe, telemetry_batch
 
 
 @pytest.fixture(scope="module")

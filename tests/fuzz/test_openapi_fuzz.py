@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.support.specctl_serve import SpecctlServe
+from bench.support.specctl_serve import SpecctlServe
 
 OPENAPI = Path(__file__).resolve().parents[2] / "controller" / "openapi.json"
 EXAMPLES_PER_OPERATION = 40

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe, free_port
+from bench.support.specctl_serve import SpecctlServe, free_port
 
 #: Loopback alias (all of 127/8 is local on Linux): the admin API on another address than ingest.
 ADMIN_HOST = "127.0.0.2"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.specctl_serve import SpecctlServe, telemetry_batch
+from bench.support.specctl_serve import SpecctlServe, telemetry_batch
 
 IDLE = 300  # more than the old SPECCTL_CONCURRENCY_LIMIT default (256), which counted open connections
 

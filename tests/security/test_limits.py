@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from bench.support.specctl_serve import telemetry_batch
 from tests.security.conftest import ALLOWED_ORIGIN, CATEGORY_CAP
-from tests.support.specctl_serve import telemetry_batch
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # ServerSettings.max_body_bytes default
 OVERRIDE = {"k": 2, "reason": "limits test", "actor": "tester"}

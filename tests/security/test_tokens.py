@@ -13,8 +13,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from bench.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN, SpecctlServe, telemetry_batch
 from specctl_vllm.controller.service import auth
-from tests.support.specctl_serve import ADMIN_TOKEN, INGEST_TOKEN, SpecctlServe, telemetry_batch
 
 OVERRIDE = {"k": 1, "reason": "security test", "actor": "tester"}
 

@@ -1,4 +1,4 @@
-# Sourced by the session scripts (bench/gpu/sessions/h200_spread_s9.sh on): the sweep's budget clock, the
+# Sourced by the device run scripts (bench/gpu/sessions/v034_peers.sh): the sweep's budget clock, the
 # engine-log copier and `sweep`, one call of `bench gpu.sweep` with what is left of the budget.
 #   SWEEP_BUDGET_S   seconds the whole session script may run (default 1480)
 #   SPECCTL_BG_OUT   the folder background.sh packs and brings back

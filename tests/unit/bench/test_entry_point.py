@@ -117,3 +117,32 @@ def test_dispatch_check_refuses_sizes_it_cannot_build(argv, capsys) -> None:
     with pytest.raises(SystemExit) as refused:
         dispatch_check.main(argv)
     assert refused.value.code == 2 and "must be positive" in capsys.readouterr().err
+
+
+def _imports_tests(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        if any(n == "tests" or n.startswith("tests.") for n in names):
+            return True
+    return False
+
+
+def test_no_file_under_bench_imports_tests():
+    """bench/ runs where tests/ is not shipped (the GPU host's checkout): the tests import bench, never the reverse."""
+    offenders = [path.relative_to(REPO).as_posix() for path in sorted(BENCH.rglob("*.py"))
+                 if _imports_tests(ast.parse(path.read_text()))]
+    assert not offenders, f"bench/ imports tests/ in {offenders}: move what it needs into bench/support/"
+
+
+def test_the_tests_import_check_sees_an_import():
+    assert _imports_tests(ast.parse("import tests.support.stack"))
+    assert _imports_tests(ast.parse("def f():\n    from tests.support import stack"))
+    assert _imports_tests(ast.parse("import importlib\nimportlib.import_module('tests.support.stack')"))
+    assert not _imports_tests(ast.parse("from bench.support import stack\nimport testsuite"))

@@ -11,8 +11,10 @@ import pytest
 from bench.gpu import meter_replay as mr
 from bench.gpu.steady_widths import load
 
-REPO = Path(__file__).resolve().parents[3]
-S8 = REPO / "bench" / "gpu" / "results" / "steady"
+# The specctl rows at 256 requests of the H200 sweep of 2026-12-02 and the steps recorded up to them (its files
+# are in git history), slimmed: one category per step with its committed tokens, times to 10 us. The readings below
+# are those of the full recording to 0.2 %.
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def step(t: float, width: int, tokens: int, seconds: float, batch: int = 256) -> dict:
@@ -65,8 +67,7 @@ def test_the_reading_depends_on_the_widths_the_meter_timed(tmp_path, widths, pic
 
 
 def test_session_8_low_at_256_requests_read_one_width_and_kept_it():
-    rows, times, steps = load(S8 / "h200_steady_spread_2026-12-02_s8.jsonl",
-                              S8 / "h200_steady_spread_steps_2026-12-02_s8.jsonl.gz", "specctl")
+    rows, times, steps = load(DATA / "meter_s8_rows.jsonl", DATA / "meter_s8_steps.jsonl.gz", "specctl")
     readings = {r.profile: r for r in mr.replay(rows, times, steps, 2048)}
     low = readings["low"]
     assert low.picked == 1 and low.pass_ms < 1.0  # the prior's p: K = 0 priced as dear as K = 1

@@ -33,7 +33,7 @@ def test_a_run_times_every_section_under_churn() -> None:
 
 def test_the_engine_clock_advances_by_the_modelled_device_time() -> None:
     """Wider steps and prompt tokens cost modelled time; the host's own speed does not enter it."""
-    from tests.support.engine_sim import SimOutput
+    from bench.support.engine_sim import SimOutput
 
     def output(batch: int, width: int, prompt: int = 0) -> SimOutput:
         spec = {f"r{i}": [0] * width for i in range(batch)} if width else {}

@@ -12,9 +12,9 @@ from bench.cpu import measure, oracle, report, traces
 from bench.cpu.driver import Phase, Record
 from bench.cpu.ema_driver import EmaOverrideDriver
 from bench.cpu.workload import bench_workload, key
+from bench.support.workload import CATEGORIES, build_workload
 from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.cost import CostCoefficients
-from tests.support.workload import CATEGORIES, build_workload
 
 
 # --- workload ------------------------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
+from bench.support.engine_sim import FakeRequest, SimEngine, script_drafter
 from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.hook import SpecHook
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import StepQueue
-from tests.support.engine_sim import FakeRequest, SimEngine, script_drafter
 
 NGRAM4 = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 

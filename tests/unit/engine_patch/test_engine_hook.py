@@ -116,7 +116,7 @@ class RunnerOutput034:
 
 
 def test_histograms_reconcile_with_vllm_034_runner_output(monkeypatch) -> None:
-    from tests.support import engine_sim
+    from bench.support import engine_sim
 
     monkeypatch.setattr(engine_sim, "SimRunnerOutput", RunnerOutput034)
     rig = Rig(correct={"a": 1, "b": 3, "": 2})
