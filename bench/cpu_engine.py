@@ -399,7 +399,7 @@ class Bench:
         static_recs = [r for n, ph in self.records.items() if oracle.static_k(n) or n == "batch_table"
                        for p in ph.values() for r in p.records]
         if ref and static_recs:
-            from specctl_vllm.controller.proposers import propose_suffix
+            from specctl_vllm.kernel.proposers import propose_suffix
 
             trs = traces.request_traces(ref[max(ref)].records)
             doc = traces.sim_trace(static_recs, trs, propose_suffix, engines.K_MAX,

@@ -27,7 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings
@@ -39,6 +38,7 @@ from specctl_vllm.engine_patch.telemetry import (
     add_draft,
     new_entry,
 )
+from specctl_vllm.kernel import protocol
 from tests.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 from tests.support.workload import CATEGORIES
 

@@ -1,7 +1,7 @@
 """``specctl replay`` command line: read recordings, pick the drafters that score traces, print the report.
 
 The what-if model and the report are pure functions in :mod:`specctl_vllm.controller.core.replay`; this module is the edge
-that touches files, takes the model-free drafters the engine patch runs (:mod:`specctl_vllm.controller.proposers`, shared by
+that touches files, takes the model-free drafters the engine patch runs (:mod:`specctl_vllm.kernel.proposers`, shared by
 both) and vLLM's n-gram when installed, and writes output.
 """
 
@@ -20,7 +20,7 @@ from specctl_vllm.controller.cli_common import EXIT_USAGE, PresetOpt, invoke
 
 if TYPE_CHECKING:
     from specctl_vllm.controller.core import token_traces
-    from specctl_vllm.controller.protocol import TelemetryBatch
+    from specctl_vllm.kernel.protocol import TelemetryBatch
 
 #: ``specctl_vllm.controller.core.replay.DEFAULT_POLICIES`` / ``DEFAULT_KS`` (tests/unit/test_cli_framework.py
 #: checks they agree), here so that ``-h`` shows them without importing the replay model.
@@ -34,7 +34,7 @@ def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngra
     import numpy as np
 
     from specctl_vllm.controller.core.replay import ReplayError
-    from specctl_vllm.controller.proposers import PROPOSERS
+    from specctl_vllm.kernel.proposers import PROPOSERS
 
     out: dict[str, token_traces.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
     used = "patch"

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from specctl_vllm.controller.core import token_traces, whatif
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 
 def static_k(name: str) -> int | None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from specctl_vllm.controller.protocol import MAX_K, MAX_METHODS
+from specctl_vllm.kernel.protocol import MAX_K, MAX_METHODS
 
 ENGINE_SERIES = 10
 #: Steps per proposal width of a graph-shaped engine: one series per width 0..MAX_K.

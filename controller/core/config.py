@@ -137,7 +137,7 @@ class PolicySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _known_preset(self) -> PolicySettings:
-        from specctl_vllm.controller.core.cost import PRESETS
+        from specctl_vllm.kernel.cost import PRESETS
 
         if self.cost_preset not in PRESETS:
             raise ValueError(f"cost_preset must be one of {sorted(PRESETS)}")

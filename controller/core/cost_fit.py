@@ -1,4 +1,4 @@
-"""The step-cost model learned online: coefficients of :class:`specctl_vllm.controller.core.cost.CostCoefficients` fitted to
+"""The step-cost model learned online: coefficients of :class:`specctl_vllm.kernel.cost.CostCoefficients` fitted to
 an engine's step timings, per-depth cell factors and the mixed-k penalty.
 
 Learning: the coefficients are a ridge-regularised least-squares fit over step timings with exponential
@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost import FULL_GRAPH_PENALTY, MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
-from specctl_vllm.controller.core.decay import Decayed
-from specctl_vllm.controller.protocol import MAX_K
+from specctl_vllm.kernel.cost import FULL_GRAPH_PENALTY, MIXED, PLAIN, PREFILL, UNIFORM, CostCoefficients
+from specctl_vllm.kernel.decay import Decayed
+from specctl_vllm.kernel.protocol import MAX_K
 
 N_FEATURES = 9
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 
 @dataclass(frozen=True)

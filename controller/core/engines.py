@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from specctl_vllm.controller.core.mix import Mix
-from specctl_vllm.controller.protocol import MAX_K
+from specctl_vllm.kernel.protocol import MAX_K
 
 WINDOW = 4096
 RETIRED_BOOTS = 8

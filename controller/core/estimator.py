@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specctl_vllm.controller.core.decay import Decayed
-from specctl_vllm.controller.protocol import MAX_K
+from specctl_vllm.kernel.decay import Decayed
+from specctl_vllm.kernel.protocol import MAX_K
 
 _N = MAX_K + 1  # positions 1..MAX_K stored at index 0..MAX_K-1; lengths 0..MAX_K
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.controller.core.cost_fit import OnlineCostModel
 from specctl_vllm.controller.core.engines import COUNTER_CAP
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.mix import Mix
-from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample, verified_width
-from specctl_vllm.controller.core.model.cells import CellTable
-from specctl_vllm.controller.drafters import resolve
-from specctl_vllm.controller.protocol import (
+from specctl_vllm.kernel.cost import CostCoefficients, step_kind, step_shape
+from specctl_vllm.kernel.drafters import resolve
+from specctl_vllm.kernel.model.budget import BudgetMeter, budget_sample, verified_width
+from specctl_vllm.kernel.model.cells import CellTable
+from specctl_vllm.kernel.protocol import (
     MAX_K,
     MAX_METHODS,
     METHOD_OFF,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from specctl_vllm.controller.core.decay import Decayed
+from specctl_vllm.kernel.decay import Decayed
 
 #: Prefill tokens per step are kept as a decayed histogram (bins of this many tokens, last bin open), so
 #: the policy can take the expectation of the cost's knee over how prefill really arrives (in bursts).

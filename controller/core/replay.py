@@ -34,11 +34,11 @@ from pydantic import ValidationError
 from specctl_vllm.controller.core import ema_tiers, token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS
 from specctl_vllm.controller.core.cost_fit import corrections
-from specctl_vllm.controller.core.model.budget import recorded_budget
-from specctl_vllm.controller.drafters import resolve
-from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
+from specctl_vllm.kernel.cost import PRESETS
+from specctl_vllm.kernel.drafters import resolve
+from specctl_vllm.kernel.model.budget import recorded_budget
+from specctl_vllm.kernel.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
 DEFAULT_POLICIES = ("recorded", "off", "static", "goodput", "ema_tiers", "oracle")
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
-from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
 from specctl_vllm.controller.core.cost_fit import Corrections, corrections
 from specctl_vllm.controller.core.replay import ReplayError, engine_clock
-from specctl_vllm.controller.drafters import resolve
-from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
+from specctl_vllm.kernel.cost import PRESETS, CostCoefficients
+from specctl_vllm.kernel.drafters import resolve
+from specctl_vllm.kernel.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch
 
 Choice = Mapping[str, tuple[int, str]]  # category (and "_default") -> (k, drafter or off)
 Timed = Sequence[tuple[float, TelemetryBatch]]  # engine_clock's answer: (engine time in seconds, batch), in time order

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specctl_vllm.controller.proposers import common_prefix
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.proposers import common_prefix
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 #: A drafter: (context tokens, k) -> up to k proposed tokens.
 Proposer = Callable[[np.ndarray, int], list[int]]

@@ -16,7 +16,7 @@ model-free draft tokens (:func:`step_load`). The goodput is the policy's own clo
 (:class:`specctl_vllm.controller.core.model.batch.BatchModel`): category c holds ``n_c = B R_c / sum R`` of the slots,
 prefill rides along at ``P / sum C`` tokens per committed token, the model-drafting depth of a step is
 distributed as the policy assumes (``P(d <= x) = (share of requests at depth <= x) ** B``), and ``T`` is the
-step-cost model (:mod:`specctl_vllm.controller.core.cost`, fitted to the recorded step timings, pulled toward a preset):
+step-cost model (:mod:`specctl_vllm.kernel.cost`, fitted to the recorded step timings, pulled toward a preset):
 
     goodput = sum_c C_c / (S * E[T(B, N, d, F)])          per category: E_c / E[T]  (tokens/s of one request)
 
@@ -37,7 +37,7 @@ Where ``E`` and ``D`` come from:
 Graph-shaped engines (the recording's ``spec.graph_widths`` non-empty) verify one width K for every request of a
 step, and a step costs its (batch bucket, K) cell: for them the rows are priced by the cell table learned from
 the recording (:func:`cell_view`, fed the recorded decode steps as the controller's learner feeds it) through the
-width rule's own table (:func:`specctl_vllm.controller.core.model.widths.plan_widths`), with the recorded request mix
+width rule's own table (:func:`specctl_vllm.kernel.model.widths.plan_widths`), with the recorded request mix
 (:func:`graph_mix`): ``goodput(K) = sum_c n_c E_c(K) / T(B, K)`` (:func:`graph_estimate`). Prefill steps are not
 in the cells and not in that figure.
 
@@ -54,17 +54,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
 from specctl_vllm.controller.core.estimator import AcceptanceEstimator
 from specctl_vllm.controller.core.learner import cell_sample, cell_samples
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
-from specctl_vllm.controller.core.model.cells import CellTable, CellView
 from specctl_vllm.controller.core.model.search import search
-from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths, steady_regime
 from specctl_vllm.controller.core.token_traces import OFF, Profile
-from specctl_vllm.controller.drafters import is_model_free, resolve
-from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
+from specctl_vllm.kernel.cost import CostCoefficients, step_kind, step_shape
+from specctl_vllm.kernel.drafters import is_model_free, resolve
+from specctl_vllm.kernel.model.cells import CellTable, CellView
+from specctl_vllm.kernel.model.widths import TokenBudget, WidthPlan, plan_widths, steady_regime
+from specctl_vllm.kernel.protocol import METHOD_OFF, TelemetryBatch
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specctl_vllm.controller import protocol
+from specctl_vllm.kernel import protocol
 from tests.support import controller_api
 from tests.support.workload import Prompt, build_workload, run_workload
 

@@ -22,10 +22,10 @@ from specctl_vllm.controller.core.budget import (
     width_series,
 )
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
-from specctl_vllm.controller.core.cost import CostCoefficients
 from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook, record_width_steps
 from specctl_vllm.controller.core.learner import BatchDigest, ModelState
-from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
 
 class IngestRejected(Exception):

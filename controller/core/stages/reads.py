@@ -30,8 +30,8 @@ from specctl_vllm.controller.core.views import (
     MetricsSnapshot,
     PositionView,
 )
-from specctl_vllm.controller.drafters import is_model_free
-from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
+from specctl_vllm.kernel.drafters import is_model_free
+from specctl_vllm.kernel.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,8 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specctl_vllm.controller.core.brain import Brain, IngestRejected, category_key
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings, LearnerSettings, PolicySettings
-from specctl_vllm.controller.protocol import OVERFLOW_CATEGORY, SpecConfig
 from specctl_vllm.controller.service.metrics import ServiceStats, render
+from specctl_vllm.kernel.protocol import OVERFLOW_CATEGORY, SpecConfig
 from tests.unit.core.factories import batch, cat_step, step
 
 BETAS = [0.7] * 32

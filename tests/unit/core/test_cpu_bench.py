@@ -13,7 +13,7 @@ from bench.cpu.driver import Phase, Record
 from bench.cpu.ema_driver import EmaOverrideDriver
 from bench.cpu.workload import bench_workload, key
 from specctl_vllm.controller.core import token_traces, whatif
-from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.kernel.cost import CostCoefficients
 from tests.support.workload import CATEGORIES, build_workload
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from specctl_vllm.controller import report
 from specctl_vllm.controller.core.replay import engine_clock, replay
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.batches import batch, hist, step
 
 

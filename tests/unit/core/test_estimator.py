@@ -3,7 +3,6 @@ import math
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.decay import decay_factor
 from specctl_vllm.controller.core.estimator import (
     AcceptanceEstimator,
     expected_committed,
@@ -11,6 +10,7 @@ from specctl_vllm.controller.core.estimator import (
     wilson_interval,
     z_for,
 )
+from specctl_vllm.kernel.decay import decay_factor
 
 
 @pytest.mark.parametrize(

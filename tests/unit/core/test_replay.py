@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specctl_vllm.controller.core import ema_tiers, replay, token_traces, whatif
-from specctl_vllm.controller.core.cost import CPU, CostCoefficients
-from specctl_vllm.controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
+from specctl_vllm.kernel.cost import CPU, CostCoefficients
+from specctl_vllm.kernel.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 from tests.unit.core.factories import length_counts
 
 NGRAM_SPEC = SpecConfig(method="ngram", k_max=8, model_free_methods=["suffix"])

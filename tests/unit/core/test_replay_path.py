@@ -10,9 +10,9 @@ import pytest
 from specctl_vllm.controller.core import replay, replay_path, whatif
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
-from specctl_vllm.controller.core.cost import CPU
 from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS
 from specctl_vllm.controller.recording import read_recording
+from specctl_vllm.kernel.cost import CPU
 from tests.unit.core.test_replay import _batches as synthetic
 from tests.unit.core.test_replay_recordings import RECORDINGS
 

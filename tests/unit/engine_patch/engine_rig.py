@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.hook import SpecHook
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import StepQueue
+from specctl_vllm.kernel import protocol
 from tests.support.engine_sim import FakeRequest, SimEngine, script_drafter
 
 NGRAM4 = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))

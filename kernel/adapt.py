@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specctl_vllm.controller.protocol import AdaptRule
+from specctl_vllm.kernel.protocol import AdaptRule
 
 RETRY_EVERY = 16
 

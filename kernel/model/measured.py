@@ -53,9 +53,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl_vllm.controller.core.decay import decay_factor
-from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
-from specctl_vllm.controller.protocol import MAX_K
+from specctl_vllm.kernel.decay import decay_factor
+from specctl_vllm.kernel.model.cells import BATCH_EDGES, bucket_of
+from specctl_vllm.kernel.protocol import MAX_K
 
 #: Per-step decay of the measured sums (every timed step of the engine ages every cell): a half-life of about
 #: 700 steps, 10-40 s on the H200 between 16 and 256 requests, so a probe's evidence lasts several probes' gaps.

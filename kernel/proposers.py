@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specctl_vllm.controller.protocol import METHOD_NGRAM, METHOD_SUFFIX
+from specctl_vllm.kernel.protocol import METHOD_NGRAM, METHOD_SUFFIX
 
 NGRAM_MIN_N = 2
 NGRAM_MAX_N = 4

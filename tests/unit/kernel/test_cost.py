@@ -3,7 +3,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.cost import (
+from specctl_vllm.controller.core.cost_fit import OnlineCostModel
+from specctl_vllm.kernel.cost import (
     CPU,
     H200,
     MIXED,
@@ -15,8 +16,7 @@ from specctl_vllm.controller.core.cost import (
     step_kind,
     step_shape,
 )
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel
-from specctl_vllm.controller.protocol import StepRecord
+from specctl_vllm.kernel.protocol import StepRecord
 from tests.unit.core.factories import cat_step, step
 
 
@@ -287,7 +287,7 @@ def test_kinds_roundtrip():
 
 
 def test_the_penalty_prior_holds_until_steps_speak():
-    from specctl_vllm.controller.core.cost import FULL_GRAPH_PENALTY
+    from specctl_vllm.kernel.cost import FULL_GRAPH_PENALTY
     assert OnlineCostModel(H200).mixed_penalty(16, FULL_GRAPH_PENALTY) == pytest.approx(FULL_GRAPH_PENALTY)
     model = OnlineCostModel(H200, 10.0)
     model.decay_to(0.0, 300)
@@ -303,8 +303,8 @@ def test_the_penalty_prior_holds_until_steps_speak():
 def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
     """Steps at the edge of the protocol's ranges: the fit neither raises (a singular system) nor prices a
     step at zero (every goodput would divide by it)."""
-    from specctl_vllm.controller.core.cost import PLAIN, UNIFORM
     from specctl_vllm.controller.core.cost_fit import MIN_BASE_S
+    from specctl_vllm.kernel.cost import PLAIN, UNIFORM
 
     for kind in (PLAIN, UNIFORM):
         m = OnlineCostModel(PRESETS["h200"], 10.0)
@@ -317,7 +317,8 @@ def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
 
 def test_the_fit_s_names_have_one_home():
     """The online fit lives in specctl_vllm.controller.core.cost_fit only: this module re-exports none of it."""
-    from specctl_vllm.controller.core import cost, cost_fit
+    from specctl_vllm.controller.core import cost_fit
+    from specctl_vllm.kernel import cost
 
     for name in ("OnlineCostModel", "features", "N_FEATURES", "MIN_BASE_S", "BATCH_CELLS", "CELL_PRIOR", "batch_cell"):
         assert hasattr(cost_fit, name) and not hasattr(cost, name), name

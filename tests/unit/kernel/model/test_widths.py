@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import (
+from specctl_vllm.kernel.model.cells import CellView
+from specctl_vllm.kernel.model.widths import (
     LineSums,
     TokenBudget,
     budget_binds,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.model.measured import (
+from specctl_vllm.kernel.model.measured import (
     MAX_MIX_CATEGORIES,
     NOTHING,
     GoodputMeter,
@@ -17,7 +17,7 @@ from specctl_vllm.controller.core.model.measured import (
     probe_due,
     verdict,
 )
-from specctl_vllm.controller.protocol import MAX_K
+from specctl_vllm.kernel.protocol import MAX_K
 
 
 def feed(meter: GoodputMeter, width: int, steps: int, seconds: float, committed: int, batch: int = 64,

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from specctl_vllm.controller.core.cost import PRESETS
-from specctl_vllm.controller.core.model.cells import (
+from specctl_vllm.kernel.cost import PRESETS
+from specctl_vllm.kernel.model.cells import (
     BATCH_EDGES,
     PRIOR_STEPS,
     CellTable,

@@ -242,7 +242,7 @@ class TelemetryBatch(_Strict):
 class AdaptRule(_Strict):
     """Per-request, per-step adaptation inside the engine (fast timescale), within controller bounds.
 
-    See :func:`specctl_vllm.controller.adapt.next_k` for the exact rule.
+    See :func:`specctl_vllm.kernel.adapt.next_k` for the exact rule.
     """
 
     k_min: int = Field(default=0, ge=0, le=MAX_K)

@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.decay import Decayed
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.decay import Decayed
 
 #: Upper edges of the batch buckets (requests per step). Powers of two and their midpoints up to 512: vLLM's
 #: capture sizes are multiples of 8 above 8, so a bucket's steps replay few distinct graphs.

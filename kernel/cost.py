@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-from specctl_vllm.controller.drafters import FREE_METHODS, is_model_free
-from specctl_vllm.controller.protocol import METHOD_OFF, StepRecord
+from specctl_vllm.kernel.drafters import FREE_METHODS, is_model_free
+from specctl_vllm.kernel.protocol import METHOD_OFF, StepRecord
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 One estimator for the engine (which applies the model per step) and the controller (which shows what the engine
 runs, in its policy and in ``specctl replay``): both feed it every timed step of one engine and read a
-:class:`~specctl_vllm.controller.core.model.widths.TokenBudget` from it. No I/O, O(1) per step, decayed per step
+:class:`~specctl_vllm.kernel.model.widths.TokenBudget` from it. No I/O, O(1) per step, decayed per step
 (not per second), so the same steps give the same reading wherever they are fed.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import mul
 
-from specctl_vllm.controller.core.model.widths import LineSums, TokenBudget, fixed_step_costs
-from specctl_vllm.controller.protocol import MAX_K, StepRecord, TelemetryBatch
+from specctl_vllm.kernel.model.widths import LineSums, TokenBudget, fixed_step_costs
+from specctl_vllm.kernel.protocol import MAX_K, StepRecord, TelemetryBatch
 
 #: Per-step decay of the token-budget sums: a half-life of about 140 steps (seconds at 256 requests on a GPU),
 #: so a change of prompt lengths or load moves the steady-step model within seconds.

@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specctl_vllm.controller.core.model.cells import CellView
+from specctl_vllm.kernel.model.cells import CellView
 
 #: Smallest relative gain over K = 0 a width must show in two well-measured cells (measurement noise of a
 #: steady step time on one GPU is ~1-2 %).
@@ -369,7 +369,7 @@ def plan_widths(view: CellView, curves: Mapping[str, Sequence[float]], mix: Mapp
     the cell table ``view``, and the goodput table behind it. The controller's policy and ``specctl replay``
     price graph-shaped engines with this, so they show the width the engine runs (its exploration steps and
     its fast acceptance blend aside), not one of their own; ``budget`` is what they measured of the
-    engine's token budget with its own estimator (:class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`)
+    engine's token budget with its own estimator (:class:`~specctl_vllm.kernel.model.budget.BudgetMeter`)
     where :func:`steady_regime` holds, else None."""
     b = max(int(batch), 1)
     step_s, steps = view.row(b)

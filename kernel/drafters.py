@@ -10,7 +10,7 @@ These two functions are the only place that alias is translated: :func:`to_wire`
 
 from __future__ import annotations
 
-from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_NGRAM, METHOD_SUFFIX
+from specctl_vllm.kernel.protocol import METHOD_ENGINE, METHOD_NGRAM, METHOD_SUFFIX
 
 #: Drafters computed by the engine patch itself (CPU time per token, no GPU pass).
 FREE_METHODS = frozenset({METHOD_NGRAM, METHOD_SUFFIX})
