@@ -13,7 +13,7 @@ chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each
   k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config, one engine per N)
   batch_table    plain vLLM, ``num_speculative_tokens_per_batch_size`` = best static k at batch 1 for
                  batch 1 and best static k at concurrency 8 above (tuned in hindsight from the k=N runs)
-  ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/ema_tiers.py) driving
+  ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/offline/ema_tiers.py) driving
                  per-category overrides of its own controller (bench/cpu/ema_driver.py)
   oracle-*       patched engine, per-category (drafter, k) pinned through the overrides API, chosen after
                  the fact (bench/cpu/oracle.py); the oracle is the best per-category static config measured
@@ -64,8 +64,8 @@ from bench.cpu import engines, measure, oracle, report, stats, traces
 from bench.cpu.driver import Phase, run_phase, touch
 from bench.cpu.workload import bench_workload, chunk_size, key
 from specctl_vllm.controller import replay_cli
-from specctl_vllm.controller.core import replay as replay_core
-from specctl_vllm.controller.core import token_traces
+from specctl_vllm.controller.core.offline import replay as replay_core
+from specctl_vllm.controller.core.offline import token_traces
 from tests.support import controller_api
 from tests.support.specctl_serve import ADMIN_TOKEN
 from tests.support.workload import CATEGORIES

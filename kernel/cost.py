@@ -13,7 +13,7 @@ pays ``per_token_above_knee``. A model-based drafter (draft model, EAGLE, MTP) r
 over the whole batch (vLLM drafts one depth for the batch: the max k asked of any request), plus a fixed
 catch-up pass; model-free drafters (n-gram, suffix) cost CPU time per drafted token only.
 
-Learning (:mod:`specctl_vllm.controller.core.cost_fit`): the coefficients are fitted online to the engine's step timings,
+Learning (:mod:`specctl_vllm.controller.core.learn.cost_fit`): the coefficients are fitted online to the engine's step timings,
 with depth cells and a mixed-k penalty for what a linear model cannot express.
 
 Presets (derivations in docs/policy.md and bench/sim/fit_presets.py):

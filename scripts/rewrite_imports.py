@@ -44,6 +44,11 @@ MOVES: dict[str, str] = {
     f"{NS}.controller.core.model.cells": f"{NS}.kernel.model.cells",
     f"{NS}.controller.core.model.measured": f"{NS}.kernel.model.measured",
     f"{NS}.controller.core.model.widths": f"{NS}.kernel.model.widths",
+    # controller/core grouped by role: what the controller learns, and offline evaluation
+    **{f"{NS}.controller.core.{m}": f"{NS}.controller.core.learn.{m}"
+       for m in ("learner", "estimator", "cost_fit", "mix", "engines", "entropy", "budget")},
+    **{f"{NS}.controller.core.{m}": f"{NS}.controller.core.offline.{m}"
+       for m in ("replay", "replay_path", "whatif", "token_traces", "ema_tiers")},
 }
 
 #: other files that moved (tests with their code): old repository path -> new, rewritten where text names them
@@ -54,6 +59,15 @@ PATH_MOVES: dict[str, str] = {
     "tests/unit/core/model/test_cells.py": "tests/unit/kernel/model/test_cells.py",
     "tests/unit/core/model/test_measured.py": "tests/unit/kernel/model/test_measured.py",
     "tests/unit/core/model/test_widths.py": "tests/unit/kernel/model/test_widths.py",
+    **{f"tests/unit/core/test_{m}.py": f"tests/unit/core/learn/test_{m}.py"
+       for m in ("budget", "engines", "entropy", "estimator", "mix")},
+    **{f"tests/unit/core/test_{m}.py": f"tests/unit/core/offline/test_{m}.py"
+       for m in ("replay", "replay_path", "replay_recordings", "whatif", "engine_clock")},
+}
+#: test modules that moved, by dotted name (a test importing another's helpers)
+TEST_MOVES: dict[str, str] = {
+    old.removesuffix(".py").replace("/", "."): new.removesuffix(".py").replace("/", ".")
+    for old, new in PATH_MOVES.items()
 }
 
 #: where Python files are rewritten by default
@@ -125,7 +139,8 @@ def _from_import(indent: str, package: str, names: list[str]) -> str:
     return f"{indent}from {package} import (\n{body}{indent})\n"
 
 
-def rewrite(text: str, *, python: bool, moves: dict[str, str] = MOVES) -> str:
+def rewrite(text: str, *, python: bool, moves: dict[str, str] | None = None) -> str:
+    moves = {**MOVES, **TEST_MOVES} if moves is None else moves
     if python:
         text = _split_from_imports(text, moves)
     text = _dotted_pattern(moves).sub(lambda m: moves[m.group(1)], text)

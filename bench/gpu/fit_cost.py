@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.sim.fit_presets import _nnls
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel, features
+from specctl_vllm.controller.core.learn.cost_fit import OnlineCostModel, features
 from specctl_vllm.kernel.cost import H200, PRESETS, CostCoefficients, step_shape
 from specctl_vllm.kernel.protocol import TelemetryBatch
 

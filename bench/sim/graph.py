@@ -31,7 +31,7 @@ from bench.sim.engine import SimEngine, StepResult
 from bench.sim.profiles import FORMAT, Trace, parse
 from bench.sim.strategies import Specctl
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.learner import cell_samples
+from specctl_vllm.controller.core.learn.learner import cell_samples
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import Aggregate, add_draft, new_entry
 from specctl_vllm.engine_patch.widths import WidthChooser
@@ -48,7 +48,7 @@ BETAS = {"high": 0.85, "low": 0.45}
 def measured_cells(paths: list[Path]) -> CellTable:
     """The cell table of recorded telemetry (JSONL, gzip or plain) as the controller learns it: each engine's
     graph-shaped decode steps in the order they ran, those before a prompt step left out
-    (:func:`~specctl_vllm.controller.core.learner.cell_samples`)."""
+    (:func:`~specctl_vllm.controller.core.learn.learner.cell_samples`)."""
     table = CellTable()
     for path in paths:
         per_engine: dict[tuple[str, str], list[StepRecord]] = {}

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specctl_vllm.controller.core.budget import GLOBAL_SERIES
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.estimator import z_for
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.budget import GLOBAL_SERIES
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.estimator import z_for
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.overrides import Override, active_overrides
 from specctl_vllm.controller.core.policy.types import Decision
 from specctl_vllm.controller.core.stages import decide, evict, reads, wire

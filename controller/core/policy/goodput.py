@@ -70,7 +70,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.learn.estimator import expected_committed
 from specctl_vllm.controller.core.model.batch import BatchModel, Options
 from specctl_vllm.controller.core.model.search import search
 from specctl_vllm.controller.core.policy import candidates as cand

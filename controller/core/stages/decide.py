@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
 from specctl_vllm.controller.core.stages.snapshot import policy_snapshot

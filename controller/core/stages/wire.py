@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.overrides import Override
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision
 from specctl_vllm.controller.core.stages.snapshot import engine_methods

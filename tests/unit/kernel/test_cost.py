@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.learn.cost_fit import OnlineCostModel
 from specctl_vllm.kernel.cost import (
     CPU,
     H200,
@@ -303,7 +303,7 @@ def test_the_penalty_prior_holds_until_steps_speak():
 def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
     """Steps at the edge of the protocol's ranges: the fit neither raises (a singular system) nor prices a
     step at zero (every goodput would divide by it)."""
-    from specctl_vllm.controller.core.cost_fit import MIN_BASE_S
+    from specctl_vllm.controller.core.learn.cost_fit import MIN_BASE_S
     from specctl_vllm.kernel.cost import PLAIN, UNIFORM
 
     for kind in (PLAIN, UNIFORM):
@@ -316,8 +316,8 @@ def test_fit_is_total_at_the_edges(n, tokens, depth, free, wall_s):
 
 
 def test_the_fit_s_names_have_one_home():
-    """The online fit lives in specctl_vllm.controller.core.cost_fit only: this module re-exports none of it."""
-    from specctl_vllm.controller.core import cost_fit
+    """The online fit lives in specctl_vllm.controller.core.learn.cost_fit only: this module re-exports none of it."""
+    from specctl_vllm.controller.core.learn import cost_fit
     from specctl_vllm.kernel import cost
 
     for name in ("OnlineCostModel", "features", "N_FEATURES", "MIN_BASE_S", "BATCH_CELLS", "CELL_PRIOR", "batch_cell"):

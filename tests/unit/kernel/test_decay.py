@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.core.learn.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.learn.mix import Mix
 from specctl_vllm.kernel.cost import H200
 from specctl_vllm.kernel.decay import Decayed, decay_factor
 from specctl_vllm.kernel.model.cells import CellTable

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specctl_vllm.controller import report
-from specctl_vllm.controller.core.replay import engine_clock, replay
+from specctl_vllm.controller.core.offline.replay import engine_clock, replay
 from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.batches import batch, hist, step
 

@@ -1,6 +1,6 @@
 import pytest
 
-from specctl_vllm.controller.core.mix import EXTRA_BIN, Mix
+from specctl_vllm.controller.core.learn.mix import EXTRA_BIN, Mix
 
 
 def test_batch_size_and_shares_are_per_busy_step():

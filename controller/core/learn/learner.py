@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel
-from specctl_vllm.controller.core.engines import COUNTER_CAP
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.core.learn.cost_fit import OnlineCostModel
+from specctl_vllm.controller.core.learn.engines import COUNTER_CAP
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.learn.mix import Mix
 from specctl_vllm.kernel.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.kernel.drafters import resolve
 from specctl_vllm.kernel.model.budget import BudgetMeter, budget_sample, verified_width

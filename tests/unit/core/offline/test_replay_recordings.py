@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from specctl_vllm.controller.core import replay
+from specctl_vllm.controller.core.offline import replay
 from specctl_vllm.controller.recording import read_recording
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 RECORDINGS = sorted(p for p in (ROOT / "bench" / "results").glob("*recording*") if p.is_dir())
 
 

@@ -21,7 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from specctl_vllm.controller.core.mix import Mix
+from specctl_vllm.controller.core.learn.mix import Mix
 from specctl_vllm.kernel.protocol import MAX_K
 
 WINDOW = 4096

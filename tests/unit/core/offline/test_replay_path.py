@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from specctl_vllm.controller.core import replay, replay_path, whatif
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
-from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS
+from specctl_vllm.controller.core.learn.cost_fit import NO_CORRECTIONS
+from specctl_vllm.controller.core.offline import replay, replay_path, whatif
 from specctl_vllm.controller.recording import read_recording
 from specctl_vllm.kernel.cost import CPU
-from tests.unit.core.test_replay import _batches as synthetic
-from tests.unit.core.test_replay_recordings import RECORDINGS
+from tests.unit.core.offline.test_replay import _batches as synthetic
+from tests.unit.core.offline.test_replay_recordings import RECORDINGS
 
 CONFIG = BrainConfig(replay.REPLAY_LEARNER, PolicySettings(cost_preset="cpu"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core import ema_tiers, replay, token_traces, whatif
+from specctl_vllm.controller.core.offline import ema_tiers, replay, token_traces, whatif
 from specctl_vllm.kernel.cost import CPU, CostCoefficients
 from specctl_vllm.kernel.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 from tests.unit.core.factories import length_counts

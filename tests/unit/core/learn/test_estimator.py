@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.estimator import (
+from specctl_vllm.controller.core.learn.estimator import (
     AcceptanceEstimator,
     expected_committed,
     positions_from_hist,

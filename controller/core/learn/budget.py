@@ -6,7 +6,7 @@ global budget (:class:`~specctl_vllm.controller.core.config.BudgetSettings.max_s
 instead: every engine, model, category and method is charged, when it is created, the most series it can
 ever export at the model's largest proposal length K, and nothing is created beyond the budget.
 
-Charges (upper bounds, from :mod:`specctl_vllm.controller.service.metrics`; ``tests/unit/core/test_budget.py`` checks
+Charges (upper bounds, from :mod:`specctl_vllm.controller.service.metrics`; ``tests/unit/core/learn/test_budget.py`` checks
 that a scrape never exports more than the charged total):
 
 * engine: 3 batch outcomes + gaps + dropped steps + policy age + steps + step seconds + id conflicts, and a
@@ -25,7 +25,7 @@ label values (model name, engine id, category, as the text format writes them: U
 long names fill the budget sooner instead of making /metrics bigger: a line of the exposition is about
 100 bytes without its label values (metric and label names, quotes, a value of up to 21 characters), so a
 full budget stays under ``max_series x 100`` bytes (5 MB at the default) whatever the names (checked for
-hostile names by ``tests/unit/core/test_budget.py``). Without the weight, the default budget filled with the
+hostile names by ``tests/unit/core/learn/test_budget.py``). Without the weight, the default budget filled with the
 longest names the protocol accepts was a 7 MB (63 bytes of names), 12 MB (256 ASCII characters) to 36 MB
 (256 four-byte characters) scrape. Typical names cost little: ``meta-llama/Llama-3.1-8B-Instruct`` with
 ``tool_call`` is 1.41 per series (docs/reliability.md#budget).

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from specctl_vllm.controller.core.entropy import HIGH_MIN_BITS, LOW_MAX_BITS, classify
+from specctl_vllm.controller.core.learn.entropy import HIGH_MIN_BITS, LOW_MAX_BITS, classify
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,12 @@ while each recorded batch ran, against every static k over the same batches:
     the per-category (k, drafter) the engine held while that batch's steps ran (the policy served after the batch
     before; a fresh Brain's first answer for the first);
   * :func:`price_along` prices consecutive runs of batches under one choice with the replay's model
-    (:func:`specctl_vllm.controller.core.whatif.estimate` on each run's own recorded work, profiles of the whole
+    (:func:`specctl_vllm.controller.core.offline.whatif.estimate` on each run's own recorded work, profiles of the whole
     recording: hindsight acceptance, so the figure is the cost of the choices, not of the noise) and adds their
     times; every static k is priced over the same runs.
 
 Pure: batches, a Brain and plain data in, figures out; the time base is the recording's engine time
-(:func:`specctl_vllm.controller.core.replay.engine_clock`: the engines' step clock, never ``sent_at``), as the
+(:func:`specctl_vllm.controller.core.offline.replay.engine_clock`: the engines' step clock, never ``sent_at``), as the
 replay's and the report's. Only per-request engines (no ``graph_widths``) are priced here.
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
-from specctl_vllm.controller.core.cost_fit import Corrections, corrections
-from specctl_vllm.controller.core.replay import ReplayError, engine_clock
+from specctl_vllm.controller.core.learn.cost_fit import Corrections, corrections
+from specctl_vllm.controller.core.offline import token_traces, whatif
+from specctl_vllm.controller.core.offline.replay import ReplayError, engine_clock
 from specctl_vllm.kernel.cost import PRESETS, CostCoefficients
 from specctl_vllm.kernel.drafters import resolve
 from specctl_vllm.kernel.protocol import MAX_K, METHOD_OFF, SpecConfig, TelemetryBatch

@@ -24,12 +24,12 @@ so a row of ``specctl replay`` is what the policy itself would have predicted fo
 is the policy's search (:mod:`specctl_vllm.controller.core.model.search`) over the same model.
 
 Where ``E`` and ``D`` come from:
-  * request token traces (:mod:`specctl_vllm.controller.core.token_traces`, exact for model-free drafters): the
+  * request token traces (:mod:`specctl_vllm.controller.core.offline.token_traces`, exact for model-free drafters): the
     speculative loop is re-run on each request's real tokens -- propose with the drafter, accept the common
     prefix with what the target produced, commit accepted + 1 -- so steps and drafted tokens are counted,
     not modelled (prefix-consistent proposers: n-gram prompt lookup, suffix matching);
   * telemetry alone: ``E(k) = 1 + rho * sum_{i<=k} prod_{j<=i} beta_j`` and ``D(k) = rho * k`` with the
-    per-position conditional acceptance ``beta`` of :mod:`specctl_vllm.controller.core.estimator` (real and
+    per-position conditional acceptance ``beta`` of :mod:`specctl_vllm.controller.core.learn.estimator` (real and
     counterfactual histograms pooled) and ``rho`` the drafter's match rate, its asks that drafted, pooled
     over real runs and counterfactual tries as the policy's learner pools them (:func:`acceptance`; 1 only
     for a recording that does not report counterfactual tries: optimistic).
@@ -54,12 +54,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.learner import cell_sample, cell_samples
+from specctl_vllm.controller.core.learn.cost_fit import NO_CORRECTIONS, Corrections, OnlineCostModel
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.learn.learner import cell_sample, cell_samples
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
 from specctl_vllm.controller.core.model.search import search
-from specctl_vllm.controller.core.token_traces import OFF, Profile
+from specctl_vllm.controller.core.offline.token_traces import OFF, Profile
 from specctl_vllm.kernel.cost import CostCoefficients, step_kind, step_shape
 from specctl_vllm.kernel.drafters import is_model_free, resolve
 from specctl_vllm.kernel.model.cells import CellTable, CellView
@@ -192,7 +192,7 @@ def telemetry_profiles(batches: Sequence[TelemetryBatch], ks: Sequence[int], pri
 def fit_cost_model(batches: Sequence[TelemetryBatch], preset: CostCoefficients, prior_strength: float = 10.0
                    ) -> OnlineCostModel:
     """The controller's online step-cost fit over every recorded step (no forgetting), pulled toward ``preset``:
-    its coefficients and its :func:`~specctl_vllm.controller.core.cost_fit.corrections`."""
+    its coefficients and its :func:`~specctl_vllm.controller.core.learn.cost_fit.corrections`."""
     model = OnlineCostModel(preset, prior_strength)
     for b in batches:
         model.add_many([(*step_shape(st, b.spec.method), st.wall_s, step_kind(st)) for st in b.steps

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook
+from specctl_vllm.controller.core.learn.engines import COUNTER_CAP, EngineBook
 
 
 def feed(book, batches):
@@ -85,7 +85,7 @@ def test_graph_width_set_round_trips_and_malformed_ones_are_per_request(stored, 
 
 
 def test_width_steps_add_up_capped_and_round_trip():
-    from specctl_vllm.controller.core.engines import record_width_steps
+    from specctl_vllm.controller.core.learn.engines import record_width_steps
 
     book = EngineBook("e")
     assert "width_steps" not in book.to_dict()  # a per-request engine's snapshot stays what it was

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specctl_vllm.controller.core import whatif
+from specctl_vllm.controller.core.offline import whatif
 from specctl_vllm.kernel.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 
 SPEC = SpecConfig(method="ngram", k_max=4, model_free_methods=["suffix"])

@@ -4,7 +4,7 @@ A what-if tool for operators. Input: telemetry the engines posted (``TelemetryBa
 line, e.g. recorded by ``bench/cpu/record.py``) and, where available, request token traces (JSON lines
 ``{"category": ..., "prompt_token_ids": [...], "output_token_ids": [...]}``). Output, per request category:
 the proposal length and drafter each policy picks, and the goodput the recorded work would get with it
-(model in :mod:`specctl_vllm.controller.core.whatif`):
+(model in :mod:`specctl_vllm.controller.core.offline.whatif`):
 
   * ``recorded``  -- what ran, priced with the same model (its gap to the measured goodput shows how far
                      to trust the other rows);
@@ -13,7 +13,7 @@ the proposal length and drafter each policy picks, and the goodput the recorded 
   * ``goodput``   -- specctl's policy: the real :class:`~specctl_vllm.controller.core.brain.Brain` fed with the
                      recording and asked after every batch as the engine's acks ask it, its last decision
                      priced (``--timeline`` also lists how its decision moved along the recording);
-  * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`specctl_vllm.controller.core.ema_tiers`) stepped through
+  * ``ema_tiers`` -- SGLang-style acceptance-EMA tiers (:mod:`specctl_vllm.controller.core.offline.ema_tiers`) stepped through
                      the recorded steps; its time-weighted mix of k;
   * ``oracle``    -- the best static (drafter, k) per category in hindsight, under the same model.
 
@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import ValidationError
 
-from specctl_vllm.controller.core import ema_tiers, token_traces, whatif
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost_fit import corrections
+from specctl_vllm.controller.core.learn.cost_fit import corrections
+from specctl_vllm.controller.core.offline import ema_tiers, token_traces, whatif
 from specctl_vllm.kernel.cost import PRESETS
 from specctl_vllm.kernel.drafters import resolve
 from specctl_vllm.kernel.model.budget import recorded_budget
