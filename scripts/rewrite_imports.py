@@ -156,7 +156,7 @@ def _files(args: list[str]) -> list[Path]:
     for arg in args:
         path = Path(arg)
         out += _walk(path, lambda p: p.suffix in TEXT_SUFFIXES) if path.is_dir() else [path]
-    return sorted(p for p in set(p.resolve() for p in out) if not _skipped(p))
+    return sorted(p for p in {p.resolve() for p in out} if not _skipped(p))
 
 
 def _skipped(path: Path) -> bool:
