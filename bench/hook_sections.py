@@ -2,7 +2,7 @@
 
 The H200's busiest point is 256 requests with finished requests replaced all the time: every step carries a
 few prompts, the widest width fills the token budget, and the width rule prices the widths with the
-steady-step model (:mod:`specctl_vllm.controller.core.model.budget`). There the patch's own log line put the hook
+steady-step model (:mod:`specctl_vllm.kernel.model.budget`). There the patch's own log line put the hook
 at 1.30-1.44 % of step time while it drafted (session 17; target 1 %), split into before / after (width
 rule) / observe / finish. This benchmark rebuilds that regime without a GPU:
 

@@ -45,7 +45,7 @@ import numpy as np
 from bench.harness import free_port, proc_cpu_seconds, start_controller, wait_http
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.protocol import SpecConfig, TelemetryBatch
+from specctl_vllm.kernel.protocol import SpecConfig, TelemetryBatch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ingest.json"
 TARGET_REQUEST_STEPS_PER_CORE = 200_000

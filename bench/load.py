@@ -44,7 +44,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import RssSampler, free_port, proc_cpu_seconds, proc_status_kb, start_controller, wait_http
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 CATEGORIES = ("prose", "structured", "code", "tool_call")
 MODEL_NAME = "bench-load-model"

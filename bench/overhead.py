@@ -80,7 +80,7 @@ def median(values: list[float]) -> float:
 
 def bench_policy() -> Any:
     """Adaptive k for every category, the patch's suffix drafter for code edits, speculation off for prose."""
-    from specctl_vllm.controller import protocol as p
+    from specctl_vllm.kernel import protocol as p
 
     adaptive = p.AdaptRule(k_min=0, k_max=4)
     return p.Policy(
@@ -98,9 +98,9 @@ def bench_policy() -> Any:
 def graph_policy(flat_cells: bool = False) -> Any:
     """A graph-shaped engine's policy: E_c(K) per category and an H200-like cell table for the width rule
     (``flat_cells``: every width costs what K = 0 costs, so every step verifies K = 7)."""
-    from specctl_vllm.controller import protocol as p
-    from specctl_vllm.controller.core.model.cells import BATCH_EDGES
-    from specctl_vllm.controller.core.model.widths import geometric_lengths
+    from specctl_vllm.kernel import protocol as p
+    from specctl_vllm.kernel.model.cells import BATCH_EDGES
+    from specctl_vllm.kernel.model.widths import geometric_lengths
 
     base = bench_policy()
     widths = list(GRAPH_ENGINE_WIDTHS)

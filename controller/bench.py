@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_K, category_name
+from specctl_vllm.kernel.protocol import CATEGORY_PATTERN, MAX_K, category_name
 
 REQUEST_KEYS = {"messages", "prompt", "category", "max_tokens", "response_format", "tools", "tool_choice",
                 "temperature"}

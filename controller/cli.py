@@ -77,7 +77,7 @@ def printable(text: Any) -> str:
 def _category(written: str) -> str:
     """The category a written name means, by the controller's own rule (``protocol.category_name``: ``SQL`` is
     ``sql``), checked before anything is sent; exits 2 when it names none."""
-    from specctl_vllm.controller.protocol import category_name
+    from specctl_vllm.kernel.protocol import category_name
 
     named = category_name(written)
     if named is None:

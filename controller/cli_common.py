@@ -24,7 +24,7 @@ CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "show_default"
 TYPER_SETTINGS: dict[str, Any] = {"add_completion": False, "pretty_exceptions_enable": False,
                                   "rich_markup_mode": None, "context_settings": CONTEXT}
 
-#: The cost presets (``specctl_vllm.controller.core.cost.PRESETS``; tests/unit/test_cli_framework.py checks they
+#: The cost presets (``specctl_vllm.kernel.cost.PRESETS``; tests/unit/test_cli_framework.py checks they
 #: agree) named here so that ``-h`` lists them without importing numpy.
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="controller base URL")]

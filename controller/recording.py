@@ -1,6 +1,6 @@
 """Telemetry recordings on disk: what the controller's recorder writes and what ``specctl replay``/``report`` read.
 
-A recording is JSON lines, one :class:`~specctl_vllm.controller.protocol.TelemetryBatch` per line, either plain UTF-8 text
+A recording is JSON lines, one :class:`~specctl_vllm.kernel.protocol.TelemetryBatch` per line, either plain UTF-8 text
 (``.jsonl``) or gzip (``.jsonl.gz``, what the recorder writes). A path may also be a folder: every
 ``*.jsonl``/``*.jsonl.gz`` file in it, in name order (the recorder's file names sort by time).
 

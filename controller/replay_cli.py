@@ -1,7 +1,7 @@
 """``specctl replay`` command line: read recordings, pick the drafters that score traces, print the report.
 
-The what-if model and the report are pure functions in :mod:`specctl_vllm.controller.core.replay`; this module is the edge
-that touches files, takes the model-free drafters the engine patch runs (:mod:`specctl_vllm.controller.proposers`, shared by
+The what-if model and the report are pure functions in :mod:`specctl_vllm.controller.core.offline.replay`; this module is the edge
+that touches files, takes the model-free drafters the engine patch runs (:mod:`specctl_vllm.kernel.proposers`, shared by
 both) and vLLM's n-gram when installed, and writes output.
 """
 
@@ -19,10 +19,10 @@ import typer
 from specctl_vllm.controller.cli_common import EXIT_USAGE, PresetOpt, invoke
 
 if TYPE_CHECKING:
-    from specctl_vllm.controller.core import token_traces
-    from specctl_vllm.controller.protocol import TelemetryBatch
+    from specctl_vllm.controller.core.offline import token_traces
+    from specctl_vllm.kernel.protocol import TelemetryBatch
 
-#: ``specctl_vllm.controller.core.replay.DEFAULT_POLICIES`` / ``DEFAULT_KS`` (tests/unit/test_cli_framework.py
+#: ``specctl_vllm.controller.core.offline.replay.DEFAULT_POLICIES`` / ``DEFAULT_KS`` (tests/unit/test_cli_framework.py
 #: checks they agree), here so that ``-h`` shows them without importing the replay model.
 DEFAULT_POLICIES = "recorded,off,static,goodput,ema_tiers,oracle"
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -33,8 +33,8 @@ def default_proposers(engine_method: str, model_free: Sequence[str], engine_ngra
     """Drafters able to score token traces: the patch's model-free ones; vLLM's own n-gram when asked/found."""
     import numpy as np
 
-    from specctl_vllm.controller.core.replay import ReplayError
-    from specctl_vllm.controller.proposers import PROPOSERS
+    from specctl_vllm.controller.core.offline.replay import ReplayError
+    from specctl_vllm.kernel.proposers import PROPOSERS
 
     out: dict[str, token_traces.Proposer] = {m: PROPOSERS[m] for m in (engine_method, *model_free) if m in PROPOSERS}
     used = "patch"
@@ -97,8 +97,8 @@ def replay(
 
     Example: specctl replay telemetry.jsonl --requests requests.jsonl --batch-size 32 --json out.json
     """
-    from specctl_vllm.controller.core import replay as model_replay
-    from specctl_vllm.controller.core.replay import ReplayError
+    from specctl_vllm.controller.core.offline import replay as model_replay
+    from specctl_vllm.controller.core.offline.replay import ReplayError
     from specctl_vllm.controller.recording import RecordingError, read_recording
 
     try:
@@ -141,8 +141,8 @@ def _format_path(batches: Sequence[TelemetryBatch], preset: str, category_floor:
                  k_max: int | None, windows: Sequence[float]) -> str:
     from specctl_vllm.controller.core.brain import Brain
     from specctl_vllm.controller.core.config import BrainConfig, PolicySettings
-    from specctl_vllm.controller.core.replay import REPLAY_LEARNER
-    from specctl_vllm.controller.core.replay_path import path_figures
+    from specctl_vllm.controller.core.offline.replay import REPLAY_LEARNER
+    from specctl_vllm.controller.core.offline.replay_path import path_figures
 
     brain = Brain(BrainConfig(REPLAY_LEARNER, PolicySettings(cost_preset=preset, category_floor=category_floor or 0.0)))
     figs = path_figures(batches, brain, preset=preset, ks=ks, k_max=k_max, windows=windows)
@@ -161,7 +161,7 @@ def load_batches(paths: Sequence[Path]) -> list[TelemetryBatch]:
     """Every batch of the recordings (files or folders, plain or gzip), with the reader's notes on stderr.
 
     Raises :class:`RecordingError` / :class:`ReplayError` with the file (and line) at fault."""
-    from specctl_vllm.controller.core.replay import ReplayError, parse_telemetry
+    from specctl_vllm.controller.core.offline.replay import ReplayError, parse_telemetry
     from specctl_vllm.controller.recording import read_recording
 
     recording = read_recording(paths)

@@ -23,10 +23,10 @@ from typing import Any
 
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.replay import engine_clock
-from specctl_vllm.controller.drafters import resolve
-from specctl_vllm.controller.protocol import METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.core.offline.replay import engine_clock
 from specctl_vllm.controller.report_svg import PAD_L, bar_chart, esc, line_chart
+from specctl_vllm.kernel.drafters import resolve
+from specctl_vllm.kernel.protocol import METHOD_OFF, TelemetryBatch
 
 __all__ = ["PAD_L", "ReportError", "bar_chart", "decision_row", "from_live", "from_recording", "line_chart",
            "render_html"]

@@ -137,7 +137,7 @@ def write_report(recording: list[Path], url: str | None, *, samples: int, interv
                  preset: str, out: Path, json_out: Path | None, png: Path | None, clock: Callable[[], float],
                  sleep: Callable[[float], None]) -> int:
     """Gather, render and write; the exit code (0 written, 2 bad input, 3 the controller failed)."""
-    from specctl_vllm.controller.core.replay import ReplayError
+    from specctl_vllm.controller.core.offline.replay import ReplayError
     from specctl_vllm.controller.recording import RecordingError
     from specctl_vllm.controller.report import ReportError, from_live, from_recording, render_html
 

@@ -4,7 +4,7 @@ Resolution order (first match wins):
 
 1. **explicit**: ``vllm_xargs: {"specctl_category": "<name>"}`` in the OpenAI request body (vLLM copies
    ``vllm_xargs`` into ``SamplingParams.extra_args``), read with the one category-name rule,
-   :func:`specctl_vllm.controller.protocol.category_name`: ``SQL`` is the category ``sql``; a name that names no
+   :func:`specctl_vllm.kernel.protocol.category_name`: ``SQL`` is the category ``sql``; a name that names no
    category resolves to ``default`` (a bad name is never an error and never creates a series).
 2. **tools** (API process, :mod:`specctl_vllm.engine_patch.middleware`): a request that offers ``tools`` with a
    ``tool_choice`` other than ``"none"`` is ``tool_call``. Only the API process sees tools, so the middleware
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specctl_vllm.controller import protocol
+from specctl_vllm.kernel import protocol
 
 #: Key in ``vllm_xargs`` / ``SamplingParams.extra_args``.
 CATEGORY_KEY = "specctl_category"

@@ -25,7 +25,7 @@ static config.
 per scheduled request, drafted = scheduled drafts − grammar-invalid drafts and accepted = sampled tokens −
 1 (vLLM's own arithmetic, so the sums reconcile with ``vllm:spec_decode_num_*_tokens_total``); aggregate per
 (category, method) into accepted-count histograms; advance the request's k with
-:func:`specctl_vllm.controller.adapt.next_k`; push one :class:`~specctl_vllm.engine_patch.telemetry.StepRow`.
+:func:`specctl_vllm.kernel.adapt.next_k`; push one :class:`~specctl_vllm.engine_patch.telemetry.StepRow`.
 Graph-shaped engines make no pass of their own: vLLM's ``update_from_output`` already walks the batch and calls
 ``make_spec_decoding_stats`` once per drafted request with the drafts and accepted tokens its counters count;
 the runtime wraps that one method of the scheduler instance in :func:`counting_call`, which tallies the request
@@ -58,9 +58,6 @@ from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.adapt import RequestK, next_k
-from specctl_vllm.controller.proposers import common_prefix
 from specctl_vllm.engine_patch.categories import category_from_sampling_params
 from specctl_vllm.engine_patch.policy_table import CategoryRule, EngineSpec, PolicyHolder, PolicyTable, next_k_bound
 from specctl_vllm.engine_patch.proposers import PROPOSERS, TokenHistory
@@ -78,6 +75,9 @@ from specctl_vllm.engine_patch.telemetry import (
     pack,
 )
 from specctl_vllm.engine_patch.widths import WidthChooser, verified_width
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.adapt import RequestK, next_k
+from specctl_vllm.kernel.proposers import common_prefix
 
 logger = logging.getLogger("vllm.specctl.engine")
 #: Seconds of engine clock between two overhead log lines (the GPU benchmark reads them from the engine log).

@@ -6,7 +6,7 @@ Use: ``--middleware specctl_vllm.engine_patch.middleware.CategoryMiddleware``. O
 ``vllm_xargs.specctl_category`` the middleware adds the category derived by
 :func:`specctl_vllm.engine_patch.categories.category_from_body` (resolution order documented there); an explicit
 name written in another case (``SQL``) is rewritten to the category it means (``sql``), by the one rule of
-:func:`specctl_vllm.controller.protocol.category_name`.
+:func:`specctl_vllm.kernel.protocol.category_name`.
 
 It never fails a request: a body that is not a JSON object, too large, not JSON, or with a ``vllm_xargs``
 that is not an object passes through byte for byte (vLLM then answers it as it would without the middleware).

@@ -1,7 +1,7 @@
 """The policy the engine applies, validated against the engine's own limits, swapped atomically.
 
 A :class:`PolicyTable` is immutable: the reporter thread builds a new one from each
-:class:`~specctl_vllm.controller.protocol.Policy` it receives and replaces the reference in :class:`PolicyHolder` (one
+:class:`~specctl_vllm.kernel.protocol.Policy` it receives and replaces the reference in :class:`PolicyHolder` (one
 attribute assignment, atomic under the GIL); the engine loop reads the reference once per step.
 
 Engine-side validation (:func:`resolve`), whatever the controller sends:
@@ -11,7 +11,7 @@ Engine-side validation (:func:`resolve`), whatever the controller sends:
 * method ``engine`` or the engine's own drafter name → the engine's drafter; ``off`` → k = 0; a model-free
   method the patch computes (``ngram``/``suffix``, synchronous scheduling only) → that method; anything else
   → the engine's drafter;
-* an :class:`~specctl_vllm.controller.protocol.AdaptRule` left at its default (``k_max == 0``) while ``k > 0`` means "no
+* an :class:`~specctl_vllm.kernel.protocol.AdaptRule` left at its default (``k_max == 0``) while ``k > 0`` means "no
   per-request adaptation": the request keeps ``k``.
 
 Expiry: a table is applied until ``received_at + ttl_s`` on the engine's monotonic clock; after that, and
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from specctl_vllm.controller import drafters, protocol
-from specctl_vllm.controller.adapt import RETRY_EVERY, RequestK
+from specctl_vllm.kernel import drafters, protocol
+from specctl_vllm.kernel.adapt import RETRY_EVERY, RequestK
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +256,7 @@ class PolicyHolder:
 
 
 def next_k_bound(state: RequestK, rule: CategoryRule) -> int:
-    """Largest k the request can have after its next adaptation step (:func:`specctl_vllm.controller.adapt.next_k`).
+    """Largest k the request can have after its next adaptation step (:func:`specctl_vllm.kernel.adapt.next_k`).
 
     The drafter drafts next step's tokens during this step, so the batch's drafting depth must already cover
     where each request may climb to: +1 after a full acceptance streak, ``max(k_min, 1)`` on a retry from 0.

@@ -1,6 +1,6 @@
 """The engine patch's side of the model-free drafters: the per-request token buffer they read.
 
-The drafters themselves are :mod:`specctl_vllm.controller.proposers` (pure functions shared with ``specctl replay``);
+The drafters themselves are :mod:`specctl_vllm.kernel.proposers` (pure functions shared with ``specctl replay``);
 they are re-exported here for the hook. :class:`TokenHistory` keeps a request's tokens in a growing int32
 buffer, appending only what is new.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specctl_vllm.controller.proposers import PROPOSERS, propose_ngram, propose_suffix
+from specctl_vllm.kernel.proposers import PROPOSERS, propose_ngram, propose_suffix
 
 __all__ = ["PROPOSERS", "TokenHistory", "propose_ngram", "propose_suffix"]
 

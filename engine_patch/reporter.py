@@ -3,10 +3,10 @@
 Loop (a daemon thread in the EngineCore process; the engine loop never waits on it):
 
 1. every ``report_interval_s``, drain up to ``batch_max_steps`` rows from the :class:`StepQueue` into a
-   :class:`~specctl_vllm.controller.protocol.TelemetryBatch` with the next ``seq`` (an empty batch is a heartbeat that
+   :class:`~specctl_vllm.kernel.protocol.TelemetryBatch` with the next ``seq`` (an empty batch is a heartbeat that
    also fetches the policy);
 2. ``POST {controller}/v1/telemetry`` with the ingest token, short timeouts;
-3. a valid :class:`~specctl_vllm.controller.protocol.TelemetryAck` for that ``seq`` → install its policy (validated against
+3. a valid :class:`~specctl_vllm.kernel.protocol.TelemetryAck` for that ``seq`` → install its policy (validated against
    the engine's limits in :mod:`specctl_vllm.engine_patch.policy_table`), next ``seq``;
 4. unreachable, timeout, 5xx, 401/403/408/429, or an answer that is not a valid ack for this seq → keep the
    *same* batch (same seq: the controller de-duplicates a batch it did receive) and retry after an
@@ -45,10 +45,10 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.policy_table import PolicyHolder
 from specctl_vllm.engine_patch.settings import EngineSettings
 from specctl_vllm.engine_patch.telemetry import StepQueue, StepRow, row_to_wire
+from specctl_vllm.kernel import protocol
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.reporter")

@@ -20,13 +20,13 @@ import logging
 import uuid
 from typing import Any
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch import backports
 from specctl_vllm.engine_patch.hook import SpecHook, counting_call, counting_call_ns
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings, default_engine_id, load_settings
 from specctl_vllm.engine_patch.telemetry import StepQueue
+from specctl_vllm.kernel import protocol
 
 # Under "vllm.": in a vLLM process the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.specctl.engine")

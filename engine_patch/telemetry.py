@@ -2,12 +2,12 @@
 
 The engine loop builds one compact :class:`StepRow` per step (plain tuples/dicts/lists, no validation, no
 allocation per draft) and appends it to a :class:`StepQueue`; the reporter thread drains the queue and turns
-rows into :class:`~specctl_vllm.controller.protocol.StepRecord`-shaped dicts (:func:`row_to_wire`). Appending is one
+rows into :class:`~specctl_vllm.kernel.protocol.StepRecord`-shaped dicts (:func:`row_to_wire`). Appending is one
 ``deque.append`` (thread-safe, O(1)); a full queue drops its oldest row and counts it.
 
 Aggregation per step, keyed by ``(category, method)``: a :class:`CategoryTally` (requests, hists,
 counterfactual, attempts) where ``hists[k][j]`` counts requests with ``k`` drafts scheduled and ``j`` accepted -- exactly the
-protocol's :class:`~specctl_vllm.controller.protocol.DraftHistogram` -- ``counterfactual[method][k][j]`` the same for
+protocol's :class:`~specctl_vllm.kernel.protocol.DraftHistogram` -- ``counterfactual[method][k][j]`` the same for
 model-free drafters scored against the tokens the target produced, and ``attempts[method]`` the proposals
 tried for that scoring, matched or not (the match rate's denominator). A graph-shaped engine that counts its
 drafted requests in vLLM's own update loop queues those as :class:`PackedCounts` (one int per distinct
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from specctl_vllm.controller import protocol
+from specctl_vllm.kernel import protocol
 
 
 class CategoryTally:
@@ -184,7 +184,7 @@ def _hists_to_wire(hists: dict[int, list[int]]) -> list[dict[str, Any]]:
 
 
 def row_to_wire(row: StepRow) -> dict[str, Any]:
-    """A :class:`StepRow` as a :class:`~specctl_vllm.controller.protocol.StepRecord` dict."""
+    """A :class:`StepRow` as a :class:`~specctl_vllm.kernel.protocol.StepRecord` dict."""
     categories = []
     for (category, method), tally in step_aggregate(row).items():
         cf, attempts = tally.counterfactual, tally.attempts

@@ -1,7 +1,7 @@
 """Per-step width choice of a graph-shaped engine (no I/O; O(categories x widths) per step).
 
 Each step the engine verifies one width K from its width set for every request, so every step replays a
-captured full graph. The choice is :func:`specctl_vllm.controller.core.model.widths.choose_width` (the one width rule of the
+captured full graph. The choice is :func:`specctl_vllm.kernel.model.widths.choose_width` (the one width rule of the
 project) on:
 
 * the step's requests per category (the batch the scheduler just formed: next step's batch, but for the
@@ -13,7 +13,7 @@ project) on:
 * what this engine measured about its token budget (:class:`BudgetMeter`): the time of a step that filled it,
   the fixed part of a step's time per width (``a_0 + p K``) and the prompt tokens per committed token. Where the widest width could fill
   the budget and the engine has measured full steps, those price every width instead of the cells (the
-  steady-step model, :func:`specctl_vllm.controller.core.model.widths.steady_goodput`).
+  steady-step model, :func:`specctl_vllm.kernel.model.widths.steady_goodput`).
 
 The rule is computed at least every ``RULE_REUSE_STEPS`` steps and at once when its inputs move (table, batch
 bucket, pricing, a category's share of the batch by ``RULE_REUSE_SHARE``); between two computations a step keeps
@@ -33,7 +33,7 @@ the width it runs (a share of at most ``STEADY_EXPLORE_RUN / explore_every`` of 
 step: the meter learns only from a step that ran its predecessor's width (the first step at a new width holds
 the tail of the previous one under async scheduling), so a lone step would cost and measure nothing.
 
-The measured check (:mod:`specctl_vllm.controller.core.model.measured`): whatever the model picks, a drafting
+The measured check (:mod:`specctl_vllm.kernel.model.measured`): whatever the model picks, a drafting
 width runs only while what this engine measured of it in the bucket, over every timed step of its runs, beats
 what it measured of K = 0 there by a confidence margin. Where one of the two lacks evidence a probe run of
 :data:`PROBE_RUN` steps measures it (its first ``SETTLE_STEPS`` not counted), at most one run starting every
@@ -45,9 +45,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specctl_vllm.controller.core.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
-from specctl_vllm.controller.core.model.cells import bucket_of
-from specctl_vllm.controller.core.model.measured import (
+from specctl_vllm.engine_patch.policy_table import PolicyTable
+from specctl_vllm.kernel.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
+from specctl_vllm.kernel.model.cells import bucket_of
+from specctl_vllm.kernel.model.measured import (
     BLOCK_STEPS,
     SETTLE_STEPS,
     GoodputMeter,
@@ -55,7 +56,7 @@ from specctl_vllm.controller.core.model.measured import (
     probe_due,
     verdict,
 )
-from specctl_vllm.controller.core.model.widths import (
+from specctl_vllm.kernel.model.widths import (
     COLD_BETA,
     TokenBudget,
     choose_width,
@@ -64,7 +65,6 @@ from specctl_vllm.controller.core.model.widths import (
     geometric_lengths,
     steady_regime,
 )
-from specctl_vllm.engine_patch.policy_table import PolicyTable
 
 __all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "GoodputMeter", "WidthChooser", "verified_width"]
 

@@ -1,10 +1,13 @@
 """The import namespace of the ``specctl-vllm`` distribution: ``specctl_vllm.controller`` (the controller
-service, CLI and policy) and ``specctl_vllm.engine_patch`` (the vLLM scheduler subclass, middleware and plugin).
+service, CLI and policy), ``specctl_vllm.engine_patch`` (the vLLM scheduler subclass, middleware and plugin) and
+``specctl_vllm.kernel`` (what both share: the wire protocol, the adaptation rule, the step models).
 
-In the repository the code lives in the top-level folders ``controller/`` and ``engine_patch/``; the two entries
-here are relative symlinks to them, so the repository keeps its shape while the wheel installs one top-level
-package instead of two generic names (docs/packaging.md). Import only through this namespace: importing
-``controller.x`` beside ``specctl_vllm.controller.x`` would load every module, and every class, twice.
+In the repository the code lives in the top-level folders ``controller/``, ``engine_patch/`` and ``kernel/``.
+pyproject.toml maps the three subpackages to them (``package-dir``), so the wheel, and an editable install,
+hold one top-level package instead of generic names (docs/packaging.md). From a source tree on ``PYTHONPATH``
+without an install (the GPU host, benchmark subprocesses) :func:`_source_tree` adds the repository root to this
+package's ``__path__``, so the same names resolve to the same folders. Import only through this namespace:
+importing ``controller.x`` beside ``specctl_vllm.controller.x`` would load every module, and every class, twice.
 
 Not named ``specctl``: PyPI's unrelated ``specctl`` distribution installs a top-level ``specctl`` package.
 """
@@ -16,6 +19,26 @@ from pathlib import Path
 #: The distribution this package is installed as (pyproject.toml ``[project] name``). Never ``specctl``: that
 #: name on PyPI is an unrelated project, whose version must not be reported as this one's.
 DISTRIBUTION = "specctl-vllm"
+
+#: The subpackages, each a top-level folder of the repository.
+SUBPACKAGES = ("controller", "engine_patch", "kernel")
+
+
+def _source_tree(here: Path) -> Path | None:
+    """The repository root when this package runs from a source tree: the subpackages are not inside it (an
+    installed wheel has them as real subfolders) but beside it, as the repository's top-level folders."""
+    if any((here / name).exists() for name in SUBPACKAGES):
+        return None
+    root = here.parent
+    if all((root / name / "__init__.py").is_file() for name in SUBPACKAGES):
+        return root
+    return None
+
+
+_root = _source_tree(Path(__file__).resolve().parent)
+if _root is not None and str(_root) not in __path__:
+    __path__.append(str(_root))
+del _root
 
 
 def version() -> str:

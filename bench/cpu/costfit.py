@@ -1,11 +1,11 @@
 """Refit the ``cpu`` step-cost preset from the CPU benchmark's recorded engine steps, and score both fits.
 
 The fit itself is :func:`bench.sim.fit_presets.fit_steps` (non-negative least squares of the step-cost model
-of controller/core/cost.py on every recorded step, absolute seconds), the same as
+of kernel/cost.py on every recorded step, absolute seconds), the same as
 ``python -m bench sim.fit_presets --steps FILE``; this module only gathers the telemetry files the benchmark
 left (every patched engine: specctl, ema_tiers, oracle pins, specctl variants; warm-ups included), and
 reports (with knee 0 the two per-token terms are one feature: the refit's are summed into ``per_token``)
-how well the refit and the preset in the code (``specctl_vllm.controller.core.cost.PRESETS["cpu"]``) predict the
+how well the refit and the preset in the code (``specctl_vllm.kernel.cost.PRESETS["cpu"]``) predict the
 same steps: rms error in milliseconds, rms and median relative error, and the mean measured vs predicted
 step time per batch size and per drafted-token bucket.
 
@@ -26,8 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 from bench.sim.fit_presets import fit_steps
-from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients, step_shape
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.cost import PRESETS, CostCoefficients, step_shape
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 TELEMETRY = ROOT / "bench" / "results" / "tmp" / "cpu_engine" / "telemetry"
 OUT = ROOT / "bench" / "results" / "cpu_cost_fit.json"

@@ -1,6 +1,6 @@
 """The SGLang-style EMA-tiers baseline on the real engine: tiers computed from telemetry, applied as overrides.
 
-The tier logic is :mod:`specctl_vllm.controller.core.ema_tiers` (a port of SGLang's adaptive steps). This driver is an
+The tier logic is :mod:`specctl_vllm.controller.core.offline.ema_tiers` (a port of SGLang's adaptive steps). This driver is an
 observer of :class:`bench.cpu.record.RecordingProxy`: every engine step in every telemetry batch updates the
 slot of that step's batch size with the accepted draft counts of the requests that had drafts (requests
 verified without drafts -- no n-gram match, prefill -- carry no acceptance signal; SGLang's EAGLE drafts for
@@ -20,7 +20,7 @@ from collections import Counter
 
 import httpx
 
-from specctl_vllm.controller.core import ema_tiers
+from specctl_vllm.controller.core.offline import ema_tiers
 
 
 class EmaOverrideDriver:

@@ -7,7 +7,7 @@ the candidates and the uniform static runs (a uniform k is a per-category choice
 * ``measured``: for each category, the static run (no speculation or n-gram k) with the best measured
   category goodput. Only n-gram and off can be chosen this way (vLLM's static config has no other drafter).
 * ``model``: the per-category choice over {off, n-gram k, suffix k} (k = 1..8) that maximises the whole
-  batch's goodput under the what-if model of :mod:`specctl_vllm.controller.core.whatif`: committed tokens and draft
+  batch's goodput under the what-if model of :mod:`specctl_vllm.controller.core.offline.whatif`: committed tokens and draft
   tokens per step from re-running each request's real tokens through the drafter (vLLM's own n-gram, the
   patch's suffix), and a step cost ``T = a + b * tokens`` fitted to the wall times of the static runs at this
   concurrency (:func:`fit_cost`). It can pick the suffix drafter, and it accounts for the batch coupling
@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from specctl_vllm.controller.core import token_traces, whatif
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.controller.core.offline import token_traces, whatif
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 
 def static_k(name: str) -> int | None:

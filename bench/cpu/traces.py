@@ -8,7 +8,7 @@
     - ``engine`` (vLLM's n-gram): every verify step of every static-k and batch-table run, from vLLM's own
       per-request metrics (``per_step_drafted`` / ``per_step_accepted``), as ``DraftHistogram`` rows;
     - ``suffix`` (the patch's drafter): scored on the same requests' tokens at k = 8 by re-running the
-      speculative loop (:func:`specctl_vllm.controller.core.token_traces.trace_histograms`), since greedy outputs do not depend
+      speculative loop (:func:`specctl_vllm.controller.core.offline.token_traces.trace_histograms`), since greedy outputs do not depend
       on the drafter.
   Heterogeneity (the simulator's per-request logit shift, standard deviation) is a method-of-moments
   estimate from the per-request position-1 acceptance of the n-gram drafter: the variance of the requests'
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bench.cpu.driver import Record
-from specctl_vllm.controller.core import token_traces
+from specctl_vllm.controller.core.offline import token_traces
 
 FORMAT = "specctl-sim-trace/1"
 

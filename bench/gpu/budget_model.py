@@ -2,7 +2,7 @@
 
 When a step's token budget ``B`` (vLLM's ``max_num_batched_tokens``) can bind, as on the H200 at 256 requests of
 the steady load, every step carries prompts and the width rule prices the widths with the steady-step model
-(:func:`~specctl_vllm.controller.core.model.widths.steady_goodput`) instead of the decode-only cells: a step
+(:func:`~specctl_vllm.kernel.model.widths.steady_goodput`) instead of the decode-only cells: a step
 at width K costs ``a_K + b_K * tokens`` (each width's line through the full step, ``a_K + b_K B = B / C``,
 ``a_K = a_0 + p K``); each request of a step verifies ``1 + K`` tokens and brings ``rho E(K)`` prompt tokens,
 ``rho`` = prompt tokens per output token of the workload (every finished request is replaced by one with a
@@ -11,10 +11,10 @@ new prompt); a step holds ``n' = min(c, B / ((1 + K) + rho E(K)))`` requests, so
     goodput(K) = n' E(K) / (a_K + b_K n' ((1 + K) + rho E(K)))
 
 which is ``C / ((1 + K) / E(K) + rho)`` where the width fills the budget. ``E(K)`` comes from the profile's
-conditional acceptance per position (:func:`specctl_vllm.controller.core.model.widths.geometric_lengths`; the
+conditional acceptance per position (:func:`specctl_vllm.kernel.model.widths.geometric_lengths`; the
 mixed profile averages its two categories, half the requests each); ``C``, ``a_0`` and ``p`` from the recorded
 steps of the specctl engine at the points where the model applies (batches of at least ``--min-batch``), fed to
-the engine's own estimator (:class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`), undecayed. The
+the engine's own estimator (:class:`~specctl_vllm.kernel.model.budget.BudgetMeter`), undecayed. The
 check: predicted against measured for every static row where the engine would use the model, whether the
 model ranks the widths of each point as they measured, and the width the rule (with its margin over K = 0)
 picks on each profile.
@@ -34,8 +34,9 @@ from pathlib import Path
 from bench.gpu.shapes import K_MAX, PROFILES, PROMPT_TOKENS
 from bench.gpu.steady_plan import PROFILE_CATEGORIES, STATIC_CHOICES, WORKLOADS
 from bench.gpu.steady_widths import read_batches
-from specctl_vllm.controller.core.model.budget import BudgetMeter, verified_width
-from specctl_vllm.controller.core.model.widths import (
+from specctl_vllm.engine_patch.backports import DEFAULT_WIDTHS
+from specctl_vllm.kernel.model.budget import BudgetMeter, verified_width
+from specctl_vllm.kernel.model.widths import (
     TokenBudget,
     budget_binds,
     budget_goodput,
@@ -43,7 +44,6 @@ from specctl_vllm.controller.core.model.widths import (
     geometric_lengths,
     steady_regime,
 )
-from specctl_vllm.engine_patch.backports import DEFAULT_WIDTHS
 
 #: vLLM's default ``max_num_batched_tokens`` for the engines of the sweep (the recorded steps top out there).
 DEFAULT_BUDGET = 2048
@@ -91,13 +91,13 @@ class StepCost:
 
 
 def binds(profile: str, k: int, concurrency: int, rho: float, budget: int) -> bool:
-    """The width rule's own test (:func:`~specctl_vllm.controller.core.model.widths.budget_binds`)."""
+    """The width rule's own test (:func:`~specctl_vllm.kernel.model.widths.budget_binds`)."""
     mix, curves = profile_step(profile, concurrency)
     return budget_binds(mix, curves, k, TokenBudget(tokens=budget, capacity=1.0, rho=rho))
 
 
 def goodput(profile: str, k: int, budget: TokenBudget, concurrency: int = 256) -> float:
-    """The width rule's own value (:func:`~specctl_vllm.controller.core.model.widths.budget_goodput`)."""
+    """The width rule's own value (:func:`~specctl_vllm.kernel.model.widths.budget_goodput`)."""
     mix, curves = profile_step(profile, concurrency)
     return budget_goodput(mix, curves, k, budget)
 
@@ -105,7 +105,7 @@ def goodput(profile: str, k: int, budget: TokenBudget, concurrency: int = 256) -
 def step_cost(batches: Iterable[dict], budget: int, min_batch: int = DEFAULT_MIN_BATCH) -> StepCost:
     """C (the budget over the mean full step), a_0 and p (:func:`fixed_step_costs`) from the timed steps of
     batches of at least ``min_batch`` requests, fed to the engine's own
-    :class:`~specctl_vllm.controller.core.model.budget.BudgetMeter`, undecayed."""
+    :class:`~specctl_vllm.kernel.model.budget.BudgetMeter`, undecayed."""
     meter = BudgetMeter(budget, decay=1.0)
     for b in batches:
         for s in b.get("steps") or []:

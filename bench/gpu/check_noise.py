@@ -1,17 +1,17 @@
 """How far the measured check's per-step standard error understates the spread of goodput between blocks of steps.
 
-The measured check (:mod:`specctl_vllm.controller.core.model.measured`) compares what a drafting width and K = 0
+The measured check (:mod:`specctl_vllm.kernel.model.measured`) compares what a drafting width and K = 0
 committed per second of engine time, with a margin of one standard error of the difference. The per-step
 standard error treats steps as independent; on a steady load they are not: a step's prompt chunks are the
 completions of the steps before it, requests finish in waves, and the host drifts. This replays recorded steps
 the way the engine's meter counts them (runs of one width in one batch bucket, the first
-:data:`~specctl_vllm.controller.core.model.measured.SETTLE_STEPS` of each run left out, steps with an interval
+:data:`~specctl_vllm.kernel.model.measured.SETTLE_STEPS` of each run left out, steps with an interval
 only) and, per (engine, bucket, width) with enough steps, sets the per-step relative standard error of the ratio
 estimator beside the one from blocks of L consecutive counted steps of a run (batch means; a block never spans
 two runs). A ratio above 1 is how much the per-step figure understates the noise the check must clear.
 
 With ``--verdicts`` it replays instead each engine's steps through the engine's meter
-(:class:`~specctl_vllm.controller.core.model.measured.GoodputMeter`) and counts, over readings every ``--every``
+(:class:`~specctl_vllm.kernel.model.measured.GoodputMeter`) and counts, over readings every ``--every``
 steps of each drafting width against K = 0 in the step's bucket, the verdicts that the margin from blocks
 (``block_margin``) would change, and how much wider it is than the per-step margin the check decides with. A step most of whose requests run prompt chunks is left
 out, as the engine leaves it out; the record has only the step's prompt tokens, so the requests running one are
@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.gpu.steady_widths import committed_tokens, read_batches, timed_steps
-from specctl_vllm.controller.core.model.budget import verified_width
-from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
-from specctl_vllm.controller.core.model.measured import SETTLE_STEPS, GoodputMeter, ratio_rse, verdict
+from specctl_vllm.kernel.model.budget import verified_width
+from specctl_vllm.kernel.model.cells import BATCH_EDGES, bucket_of
+from specctl_vllm.kernel.model.measured import SETTLE_STEPS, GoodputMeter, ratio_rse, verdict
 
 #: Counted steps a (engine, bucket, width) needs before its spread is reported.
 MIN_CELL_STEPS = 200
@@ -64,7 +64,7 @@ class CellNoise:
 
 def pairs_rse(pairs: Sequence[tuple[float, float]]) -> float:
     """Relative standard error of sum(y) / sum(x) from independent (x, y) samples: the meter's ratio estimator
-    (:func:`~specctl_vllm.controller.core.model.measured.ratio_rse`), undecayed, its spread over n - 1."""
+    (:func:`~specctl_vllm.kernel.model.measured.ratio_rse`), undecayed, its spread over n - 1."""
     sums = [0.0] * 6
     for x, y in pairs:
         for i, v in enumerate((1.0, x, y, x * x, y * y, x * y)):
@@ -161,7 +161,7 @@ def state_at(gain: float, margin: float) -> str:
 def verdict_changes(source: str, engine: str, steps: Sequence[dict], widths: Sequence[int] = (1, 2, 4, 7),
                     every: int = 20, prompt_tokens: int = 255) -> VerdictChanges:
     """Each drafting width's verdict against K = 0 in the step's bucket every ``every`` steps, with the margin it
-    decides with and with :func:`~specctl_vllm.controller.core.model.measured.block_margin`."""
+    decides with and with :func:`~specctl_vllm.kernel.model.measured.block_margin`."""
     meter = GoodputMeter()
     changed, ratios, readings = [], [], 0
     for i, step in enumerate(steps):

@@ -5,7 +5,7 @@ Inputs (the recording of the first GPU run, before ``sweep.py``, kept in ``bench
 tokens and drafting depth), and ``controller_snapshot.json``, the controller's learned state at the end of the run
 (its online, prior-regularised fit of the same model).
 
-The model is controller/core/cost.py's (verify + drafting terms); like bench/sim/fit_presets.py it is a
+The model is kernel/cost.py's (verify + drafting terms); like bench/sim/fit_presets.py it is a
 non-negative least-squares fit of the *relative* error (each step divided by its measured time) on a 16-token
 knee grid. Printed and written to ``--out``: the refit coefficients, and the rms relative step-time error on these
 steps of (a) the H200 preset in the code, (b) the controller's learned model, (c) the refit. ``--plot`` draws
@@ -27,9 +27,9 @@ import numpy as np
 
 from bench.sim.fit_presets import _nnls
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost import H200, PRESETS, CostCoefficients, step_shape
-from specctl_vllm.controller.core.cost_fit import OnlineCostModel, features
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.controller.core.learn.cost_fit import OnlineCostModel, features
+from specctl_vllm.kernel.cost import H200, PRESETS, CostCoefficients, step_shape
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 
 def load_steps(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -37,9 +37,9 @@ write_env() {
     mkdir -p "$HOME_DIR"
     {
         cat <<ENVEOF
-# The checkout provides specctl_vllm/, whose links reach controller/ and engine_patch/ (vLLM finds the scheduler
-# by --scheduler-cls; the plugin entry point only logs the version check, so the package itself need not be
-# installed).
+# The checkout provides specctl_vllm/, which finds controller/, engine_patch/ and kernel/ beside it (vLLM finds
+# the scheduler by --scheduler-cls; the plugin entry point only logs the version check, so the package itself
+# need not be installed).
 export PYTHONPATH="$REPO:$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
 export PATH="$SITE/bin:\$PATH"
 # flashinfer's sampler JIT-compiles with nvcc, which is not carried.

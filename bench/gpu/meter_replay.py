@@ -1,9 +1,9 @@
 """The engine's token-budget meter replayed over a session's recorded steps, in the order they ran.
 
 ``budget_model`` fits the whole recording at once (undecayed): what the steps say. The engine decides with
-its own meter, decayed per step (:data:`~specctl_vllm.controller.core.model.budget.BUDGET_DECAY`), fed from
+its own meter, decayed per step (:data:`~specctl_vllm.kernel.model.budget.BUDGET_DECAY`), fed from
 every step it ran before. This feeds the recorded steps to that meter the same way
-(:func:`~specctl_vllm.controller.core.model.budget.budget_sample` on each step record) and prints, at the
+(:func:`~specctl_vllm.kernel.model.budget.budget_sample` on each step record) and prints, at the
 middle step of each specctl point's timed rounds (``--min-concurrency`` or more), what the meter read there:
 ``a_0``, ``p``, ``C``, ``rho``, the decayed steps at each width, and the width the rule picks for that point's
 profile from it. Session 8 at low c = 256: the meter had timed K = 1 steps only, read p = 0.4 ms, and the rule
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from bench.gpu.budget_model import WIDTHS, profile_step
 from bench.gpu.steady_widths import load, window_of
-from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample
-from specctl_vllm.controller.core.model.widths import budget_goodput, choose_width
-from specctl_vllm.controller.protocol import StepRecord
+from specctl_vllm.kernel.model.budget import BudgetMeter, budget_sample
+from specctl_vllm.kernel.model.widths import budget_goodput, choose_width
+from specctl_vllm.kernel.protocol import StepRecord
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specctl_vllm.controller.core.model.budget import budget_sample
-from specctl_vllm.controller.protocol import StepRecord
+from specctl_vllm.kernel.model.budget import budget_sample
+from specctl_vllm.kernel.protocol import StepRecord
 
 #: Seconds before a row's time that hold its timed rounds: 3 rounds of 5 s and the gaps between them.
 WINDOW_S = 16.0
@@ -140,7 +140,7 @@ def interval_by_tokens(window: Iterable[dict], bin_tokens: int) -> dict[int, tup
 
 def committed_tokens(step: dict) -> int:
     """Tokens a recorded step committed, as the engine counts them (one per request plus every accepted draft:
-    :func:`~specctl_vllm.controller.core.model.budget.budget_sample`, the count the engine's meters use)."""
+    :func:`~specctl_vllm.kernel.model.budget.budget_sample`, the count the engine's meters use)."""
     return budget_sample(StepRecord.model_validate(step))[2]
 
 

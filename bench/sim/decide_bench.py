@@ -22,9 +22,9 @@ import numpy as np
 from tqdm import tqdm
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS
 from specctl_vllm.controller.core.policy import goodput
 from specctl_vllm.controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
+from specctl_vllm.kernel.cost import PRESETS
 
 
 def snapshot(categories: int, batch: float, k_max: int, seed: int) -> PolicySnapshot:

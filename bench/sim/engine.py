@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.sim.profiles import Trace
-from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.kernel.cost import CostCoefficients
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -9,10 +9,10 @@ speculation; every request prefills 256 tokens):
 
     seconds = S * T(c, N = c(1 + k), d = k) + prefill_per_token * 256 c + run_overhead
 
-with T the step-cost model of controller/core/cost.py (verify + drafting terms, free drafting unused).
+with T the step-cost model of kernel/cost.py (verify + drafting terms, free drafting unused).
 For each knee on a 16-token grid the coefficients are a non-negative least-squares fit of the relative
 error (every row divided by its measured seconds); the knee with the lowest rms wins. Printed: the
-coefficients (as in specctl_vllm.controller.core.cost.H200), the rms relative error and the per-run residuals.
+coefficients (as in specctl_vllm.kernel.cost.H200), the rms relative error and the per-run residuals.
 
     python -m bench sim.fit_presets                 # refit and compare with the preset in the code
     python -m bench sim.fit_presets --steps FILE    # fit T directly from recorded engine steps (JSON lines
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost import H200, CostCoefficients, step_shape
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.cost import H200, CostCoefficients, step_shape
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 DATA = Path(__file__).parent / "data" / "h200_vllm026_static_k.jsonl"
 PROMPT = 256

@@ -2,7 +2,7 @@
 
 What the GPU cannot run every session, replayed on its measurements: every decoding slot of a step verifies the
 step's width K (as on a graph-shaped engine), and a step costs its (batch bucket, K) cell of a
-:class:`~specctl_vllm.controller.core.model.cells.CellTable` filled from recorded telemetry (``--steps``: the specctl
+:class:`~specctl_vllm.kernel.model.cells.CellTable` filled from recorded telemetry (``--steps``: the specctl
 engines' steps of ``bench/gpu/results/steady/``), plus the preset's per-token cost for the prompt tokens it
 carries. Cells no recorded step measured come from the same table's calibrated prior: the JSON says per cell
 how many steps measured it, and a result that rests on unmeasured cells is a statement about the prior, not
@@ -31,13 +31,13 @@ from bench.sim.engine import SimEngine, StepResult
 from bench.sim.profiles import FORMAT, Trace, parse
 from bench.sim.strategies import Specctl
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
-from specctl_vllm.controller.core.learner import cell_samples
-from specctl_vllm.controller.core.model.cells import CellTable, CellView
-from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
+from specctl_vllm.controller.core.learn.learner import cell_samples
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import Aggregate, add_draft, new_entry
 from specctl_vllm.engine_patch.widths import WidthChooser
+from specctl_vllm.kernel.cost import PRESETS, CostCoefficients
+from specctl_vllm.kernel.model.cells import CellTable, CellView
+from specctl_vllm.kernel.protocol import StepRecord, TelemetryBatch
 
 WIDTHS = (0, 1, 2, 4, 7)
 BATCHES = (1, 4, 16, 64, 256)
@@ -48,7 +48,7 @@ BETAS = {"high": 0.85, "low": 0.45}
 def measured_cells(paths: list[Path]) -> CellTable:
     """The cell table of recorded telemetry (JSONL, gzip or plain) as the controller learns it: each engine's
     graph-shaped decode steps in the order they ran, those before a prompt step left out
-    (:func:`~specctl_vllm.controller.core.learner.cell_samples`)."""
+    (:func:`~specctl_vllm.controller.core.learn.learner.cell_samples`)."""
     table = CellTable()
     for path in paths:
         per_engine: dict[tuple[str, str], list[StepRecord]] = {}

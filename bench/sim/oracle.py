@@ -17,9 +17,9 @@ import itertools
 import numpy as np
 
 from bench.sim.profiles import Trace
-from specctl_vllm.controller.core.cost import CostCoefficients
 from specctl_vllm.controller.core.model.batch import BatchModel, Options, Prefill
 from specctl_vllm.controller.core.model.search import search
+from specctl_vllm.kernel.cost import CostCoefficients
 
 
 def category_expectations(trace: Trace, samples: int = 4000, seed: int = 7) -> np.ndarray:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 FORMAT = "specctl-sim-trace/1"
 ENGINE = "engine"

@@ -34,7 +34,7 @@ from bench.sim.engine import SimEngine
 from bench.sim.profiles import Trace, builtin_mixed, load, parse
 from bench.sim.strategies import BatchTable, FixedK, NoSpec, SglangTiers, Specctl, Static, Strategy
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS, CostCoefficients
+from specctl_vllm.kernel.cost import PRESETS, CostCoefficients
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 TABLE_RANGES = ((1, 2), (3, 8), (9, 32), (33, 128), (129, 1024))

@@ -7,11 +7,11 @@ returns per-slot (k, drafter index) arrays; ``observe(result, now)`` lets it lea
   * ``FixedK(k)``         every request at k with the engine's drafter (vLLM's static config);
   * ``BatchTable``        k from a batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``);
   * ``SglangTiers``       engine-wide k from an EMA of the accepted length with tiers and hysteresis per
-                          batch-size slot: :mod:`specctl_vllm.controller.core.ema_tiers`, the port of SGLang's adaptive
+                          batch-size slot: :mod:`specctl_vllm.controller.core.offline.ema_tiers`, the port of SGLang's adaptive
                           ``speculative_num_steps`` that ``specctl replay`` and the CPU benchmark use too;
   * ``Static``            a fixed (k, drafter) per category (the hindsight oracle's form);
   * ``Specctl``           the real :class:`specctl_vllm.controller.core.brain.Brain` fed with the simulated telemetry,
-                          its policy applied per request with the real :func:`specctl_vllm.controller.adapt.next_k`.
+                          its policy applied per request with the real :func:`specctl_vllm.kernel.adapt.next_k`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import numpy as np
 
 from bench.sim.engine import SimEngine, StepResult
 from bench.sim.profiles import Trace
-from specctl_vllm.controller.adapt import RequestK, initial_state, next_k
-from specctl_vllm.controller.core import ema_tiers
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.protocol import (
+from specctl_vllm.controller.core.offline import ema_tiers
+from specctl_vllm.kernel.adapt import RequestK, initial_state, next_k
+from specctl_vllm.kernel.protocol import (
     METHOD_ENGINE,
     METHOD_OFF,
     AdaptRule,
@@ -87,7 +87,7 @@ class BatchTable(Strategy):
 
 
 class SglangTiers(Strategy):
-    """The core's port of SGLang's adaptive steps (:mod:`specctl_vllm.controller.core.ema_tiers`, the one ``specctl replay``
+    """The core's port of SGLang's adaptive steps (:mod:`specctl_vllm.controller.core.offline.ema_tiers`, the one ``specctl replay``
     and the CPU benchmark run), routed by the simulated batch size."""
 
     name = "sglang_tiers"

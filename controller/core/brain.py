@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specctl_vllm.controller.core.budget import GLOBAL_SERIES
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.cost import PRESETS
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.estimator import z_for
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.budget import GLOBAL_SERIES
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.estimator import z_for
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.overrides import Override, active_overrides
 from specctl_vllm.controller.core.policy.types import Decision
 from specctl_vllm.controller.core.stages import decide, evict, reads, wire
@@ -36,7 +35,8 @@ from specctl_vllm.controller.core.stages.evict import category_key
 from specctl_vllm.controller.core.stages.ingest import IngestRejected, IngestResult, admit, apply
 from specctl_vllm.controller.core.stages.persist import DUMP_FORMAT, DUMP_VERSION, restore
 from specctl_vllm.controller.core.views import CategoryView, EngineView, MetricsSnapshot
-from specctl_vllm.controller.protocol import Policy, SpecConfig, TelemetryBatch
+from specctl_vllm.kernel.cost import PRESETS
+from specctl_vllm.kernel.protocol import Policy, SpecConfig, TelemetryBatch
 
 __all__ = ["DUMP_FORMAT", "DUMP_VERSION", "MAX_CACHED_POLICIES", "MAX_ENGINES", "MAX_MODELS", "Brain",
            "IngestRejected", "IngestResult", "category_key"]

@@ -137,7 +137,7 @@ class PolicySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _known_preset(self) -> PolicySettings:
-        from specctl_vllm.controller.core.cost import PRESETS
+        from specctl_vllm.kernel.cost import PRESETS
 
         if self.cost_preset not in PRESETS:
             raise ValueError(f"cost_preset must be one of {sorted(PRESETS)}")
@@ -152,7 +152,7 @@ class BudgetSettings(BaseSettings):
     max_series: int = Field(
         default=50_000, ge=100, le=5_000_000,
         description="series; upper bound on what /metrics exports, counted as engines, models, categories, "
-        "methods and positions are created (specctl_vllm.controller.core.budget), a series with long names counting "
+        "methods and positions are created (specctl_vllm.controller.core.learn.budget), a series with long names counting "
         "1 + (label bytes)/100, so /metrics stays under 100 bytes per series (5 MB at the default). Beyond it "
         "new names pool into the overflow category, new methods are dropped and new engines/models are refused "
         "with 429 until idle ones are evicted. Measured full (docs/reliability.md#budget): 50 000 is 17 MB of "

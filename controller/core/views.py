@@ -174,7 +174,7 @@ class MetricsSnapshot:
     match_rates: tuple[tuple[str, str, str, float], ...] = ()
     #: (model, decisions or reads that could not be computed: the last good decision was served instead)
     decision_errors: tuple[tuple[str, int], ...] = ()
-    series: int = 0  # series the learned state is charged (specctl_vllm.controller.core.budget)
+    series: int = 0  # series the learned state is charged (specctl_vllm.controller.core.learn.budget)
     series_budget: int = 0
     evictions: int = 0  # engines, models and categories forgotten (idle or by an operator)
     budget_refusals: int = 0  # batches refused because the budget or an engine/model cap was full

@@ -17,7 +17,6 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.service import errors, openapi_bodies
 from specctl_vllm.controller.service.auth import AdminListener, Scope, TokenCheck
 from specctl_vllm.controller.service.clock import Clock, Sleep, SystemClock, real_sleep
@@ -40,6 +39,7 @@ from specctl_vllm.controller.service.runtime import Runtime, restore_brain
 from specctl_vllm.controller.service.schemas import ForgetIn, OverrideIn
 from specctl_vllm.controller.service.settings import ServiceSettings
 from specctl_vllm.controller.service.store import Store
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 log = logging.getLogger("controller.service")
 

@@ -30,8 +30,8 @@ from typing import Any
 from anyio import CapacityLimiter, to_thread
 from starlette.exceptions import HTTPException
 
-from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
 from specctl_vllm.controller.service.errors import parse_json
+from specctl_vllm.kernel.protocol import StepRecord, TelemetryBatch
 
 #: Steps validated between two pauses of a large body's parse: pydantic holds the GIL for the whole of one
 #: call (a 2 MB body in one call stalled the event loop for 94 ms), a pause every 32 steps gives it back.

@@ -241,7 +241,7 @@ SAMPLE_CAP = float(2**53)
 def _sample_value(value: Any) -> float | None:
     """A sample's value as a float the exposition can write, or None to leave the sample out.
 
-    The learned state is bounded by construction (:mod:`specctl_vllm.controller.protocol` caps, ``COUNTER_CAP``); this is
+    The learned state is bounded by construction (:mod:`specctl_vllm.kernel.protocol` caps, ``COUNTER_CAP``); this is
     the last line, so that no value can ever make the whole scrape fail (an int too large for a float raised
     OverflowError inside the text encoder and every later scrape answered 500). Counters and gauges are
     clamped to [-SAMPLE_CAP, SAMPLE_CAP]; NaN is left out.

@@ -1,7 +1,7 @@
 """Opt-in telemetry recorder: every batch the controller ingests, as gzip JSON lines, bounded on disk.
 
 Off unless ``SPECCTL_RECORD_DIR`` (or ``specctl serve --record-dir``) names a folder. Then each accepted
-:class:`~specctl_vllm.controller.protocol.TelemetryBatch` is appended, one JSON object per line, to
+:class:`~specctl_vllm.kernel.protocol.TelemetryBatch` is appended, one JSON object per line, to
 ``telemetry-<UTC time>-<n>.jsonl.gz`` in that folder -- the input ``specctl replay`` and ``specctl report``
 read (a folder works as their argument). A file is closed and a new one started once it holds
 ``SPECCTL_RECORD_FILE_BYTES`` compressed bytes; after each rotation the oldest files are deleted until the
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.service.settings import RecordSettings
+from specctl_vllm.kernel.protocol import TelemetryBatch
 
 log = logging.getLogger("controller.service.recorder")
 

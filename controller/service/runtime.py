@@ -33,11 +33,11 @@ from anyio import CapacityLimiter, to_thread
 from specctl_vllm.controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
 from specctl_vllm.controller.core.config import BrainConfig
 from specctl_vllm.controller.core.overrides import Override, active_overrides
-from specctl_vllm.controller.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
 from specctl_vllm.controller.service.clock import Clock
 from specctl_vllm.controller.service.errors import BadInput, parse_json
 from specctl_vllm.controller.service.ingest_flow import BytesInFlight, FairMerger, parse_batch, slices
 from specctl_vllm.controller.service.store import AuditRecord, Store, describe_store_error
+from specctl_vllm.kernel.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
 
 log = logging.getLogger("controller.service")
 

@@ -1,4 +1,4 @@
-"""HTTP bodies owned by the service (the telemetry and policy bodies live in :mod:`specctl_vllm.controller.protocol`)."""
+"""HTTP bodies owned by the service (the telemetry and policy bodies live in :mod:`specctl_vllm.kernel.protocol`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specctl_vllm.controller.core.overrides import Override
-from specctl_vllm.controller.protocol import (
+from specctl_vllm.kernel.protocol import (
     CATEGORY_PATTERN,
     ENGINE_ID_PATTERN,
     MAX_K,

@@ -12,7 +12,8 @@ WORKDIR /opt/specctl
 COPY pyproject.toml README.md ./
 COPY controller ./controller
 COPY engine_patch ./engine_patch
-# the import namespace: two relative symlinks to the folders above (COPY keeps them as links)
+COPY kernel ./kernel
+# the import namespace; pyproject.toml maps its subpackages to the three folders above
 COPY specctl_vllm ./specctl_vllm
 
 # Install specctl into the image's own Python, next to vLLM. Every package the image already has is pinned

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
-from specctl_vllm.controller.protocol import MAX_K, MAX_SEQ
 from specctl_vllm.controller.service.app import create_app
+from specctl_vllm.kernel.protocol import MAX_K, MAX_SEQ
 from tests.unit.service.conftest import ADMIN, INGEST, FakeClock, parked_sleep, settings_for
 
 EXAMPLES = int(os.environ.get("SPECCTL_FUZZ_EXAMPLES", "12"))

@@ -66,7 +66,7 @@ class Hostile(enum.StrEnum):
     HUGE_PAYLOAD = "huge_payload"  # a policy listing 50 000 categories (~1 MB; the protocol allows 1024)
 
 
-#: What the protocol allows at most for k (specctl_vllm.controller.protocol.MAX_K); kept literal so this module has no
+#: What the protocol allows at most for k (specctl_vllm.kernel.protocol.MAX_K); kept literal so this module has no
 #: dependency on the code under test.
 WIRE_MAX_K = 32
 HUGE_PAYLOAD_CATEGORIES = 50_000

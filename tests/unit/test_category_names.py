@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, category_name
 from specctl_vllm.engine_patch.categories import CATEGORY_KEY, category_from_body, category_from_sampling_params
 from specctl_vllm.engine_patch.middleware import CategoryMiddleware
+from specctl_vllm.kernel.protocol import CATEGORY_PATTERN, category_name
 from tests.unit.engine_patch.test_engine_middleware import Captured, run
 
 #: (as written, the category it names or None)

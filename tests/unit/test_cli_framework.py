@@ -89,8 +89,8 @@ def test_flags_display_as_flags():
 
 
 def test_the_help_constants_are_the_models():
-    from specctl_vllm.controller.core.cost import PRESETS
-    from specctl_vllm.controller.core.replay import DEFAULT_KS, DEFAULT_POLICIES
+    from specctl_vllm.controller.core.offline.replay import DEFAULT_KS, DEFAULT_POLICIES
+    from specctl_vllm.kernel.cost import PRESETS
 
     assert set(typing.get_args(cli_common.Preset)) == set(PRESETS)
     assert replay_cli.DEFAULT_POLICIES == ",".join(DEFAULT_POLICIES)

@@ -1,10 +1,12 @@
 """What the wheel installs, and one import namespace for the code (docs/packaging.md).
 
-* The wheel's top level is ``specctl_vllm/`` and its dist-info only: no generic ``controller`` or
-  ``engine_patch`` package in site-packages.
+* The wheel's top level is ``specctl_vllm/`` and its dist-info only: no generic ``controller``, ``engine_patch``
+  or ``kernel`` package in site-packages; pyproject.toml maps the three subpackages to the repository's
+  top-level folders (``package-dir``, no symlinks) and lists every package.
+* From a source tree on ``PYTHONPATH`` the same names resolve to the same folders.
 * Nothing in the project imports or names the bare top-level packages. In the repository both
-  ``controller.x`` and ``specctl_vllm.controller.x`` (through the symlink) are importable; using both would load
-  every module twice, with two copies of every class, so ``isinstance`` checks and module state would split.
+  ``controller.x`` and ``specctl_vllm.controller.x`` are importable; using both would load every module twice,
+  with two copies of every class, so ``isinstance`` checks and module state would split.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -22,8 +25,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "specctl_vllm"
-#: the repository folders the namespace links to: never imported by these names
-BARE = ("controller", "engine_patch")
+#: the repository folders the namespace's subpackages are: never imported by these names
+BARE = ("controller", "engine_patch", "kernel")
 #: where Python code that must import through the namespace lives
 PY_ROOTS = ("controller", "engine_patch", "bench", "tests", "scripts", "dashboards")
 #: other files that name modules (command lines, deploy files, docs)
@@ -59,7 +62,7 @@ LOGGER_CALLS = {"getLogger", "LogRecord"}
 def _walk(roots: tuple[str, ...], keep) -> list[Path]:
     out = []
     for root in roots:
-        for folder, dirs, files in os.walk(REPO / root):  # followlinks=False: specctl_vllm/'s links are not walked
+        for folder, dirs, files in os.walk(REPO / root):
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             out += [Path(folder) / f for f in sorted(files) if keep(Path(folder) / f)]
     return out
@@ -80,12 +83,34 @@ def _logger_names(tree: ast.AST) -> set[int]:
     return ids
 
 
-def test_the_namespace_links_to_the_repository_folders() -> None:
-    for package in BARE:
-        link = REPO / NAMESPACE / package
-        assert link.is_symlink(), f"{link} must be a symlink (the folder stays at the repository's top level)"
-        assert os.readlink(link) == f"../{package}", "relative, so it holds in every checkout and build context"
-        assert link.resolve() == (REPO / package).resolve()
+def _setuptools() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_pyproject_maps_the_subpackages_to_the_repository_folders() -> None:
+    assert _setuptools()["package-dir"] == {f"{NAMESPACE}.{package}": package for package in BARE}
+    # no links: the package is the folder with its __init__.py, the subpackages live beside it
+    assert not [p for p in (REPO / NAMESPACE).iterdir() if p.is_symlink() or p.name in BARE]
+
+
+def test_pyproject_lists_every_package() -> None:
+    """An explicit list (package-dir maps names to folders outside specctl_vllm/, which the finder cannot
+    walk): a new subpackage must be added there, or the wheel ships without it."""
+    folders = {NAMESPACE} | {
+        ".".join((NAMESPACE, *init.parent.relative_to(REPO).parts))
+        for package in BARE for init in (REPO / package).rglob("__init__.py") if "__pycache__" not in init.parts
+    }
+    assert sorted(_setuptools()["packages"]) == sorted(folders)
+
+
+def test_a_source_tree_resolves_the_namespace_to_its_folders() -> None:
+    """PYTHONPATH=<checkout> without an install (the GPU host, benchmark subprocesses): specctl_vllm extends
+    its __path__ with the checkout, so each subpackage is the checkout's folder."""
+    code = ("import specctl_vllm.controller as c, specctl_vllm.engine_patch as e, specctl_vllm.kernel as k; "
+            "print(c.__file__, e.__file__, k.__file__)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/", env=env)
+    assert done.stdout.split() == [str(REPO / package / "__init__.py") for package in BARE]
 
 
 def test_no_module_imports_a_bare_top_level_package() -> None:
@@ -146,7 +171,7 @@ def test_the_guard_sees_the_old_forms() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """``pip wheel`` on a copy of what the Dockerfiles copy (the symlinks kept as links), offline."""
+    """``pip wheel`` on a copy of what the Dockerfiles copy, offline."""
     context = tmp_path_factory.mktemp("context")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, context / name)
@@ -171,7 +196,7 @@ def test_the_wheel_installs_one_top_level_package(wheel) -> None:
     assert top == {NAMESPACE, info}
     assert info.startswith("specctl_vllm-")
     assert wheel.read(f"{info}/top_level.txt").decode().split() == [NAMESPACE]
-    # the symlinks are followed: every module of the two folders is a real file in the wheel
+    # every module of the three folders is a real file in the wheel, under the namespace
     for package in BARE:
         for path in (REPO / package).rglob("*.py"):
             if "__pycache__" not in path.parts:

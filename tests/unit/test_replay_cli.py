@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specctl_vllm.controller import replay_cli
-from tests.unit.core.test_replay import _batches
+from tests.unit.core.offline.test_replay import _batches
 
 
 def test_main_prints_the_report_and_writes_json(tmp_path: Path, capsys) -> None:

@@ -11,7 +11,7 @@ drafter's match rate), ``d`` of them drafted model-free or at model depth ``k``.
     P(depth <= x) = (sum_{c: k_c <= x or not model-drafted} n_c / n) ** n
 
 with ``w_c`` the category's committed tokens per step (the workload's demand, which the configuration does not
-change) and ``T`` the step-cost model of :mod:`specctl_vllm.controller.core.cost`, taken in expectation over the step's
+change) and ``T`` the step-cost model of :mod:`specctl_vllm.kernel.cost`, taken in expectation over the step's
 model-drafting depth (times a per-depth factor where the engine measured one), over the observed spread of
 prefill (the cost bends at the knee), and times ``P_uni + (1 - P_uni) * p`` with ``p`` the measured mixed-k
 penalty and ``P_uni`` the chance that all n requests draft the same k.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.kernel.cost import CostCoefficients
 
 #: Exponent of the floor penalty: a configuration that leaves a category at r < floor of its plain-decoding
 #: goodput counts (r / floor) ** this of its batch goodput (1 % short costs a third: the search moves off it).

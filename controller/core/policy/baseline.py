@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specctl_vllm.controller.core.config import PolicySettings
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 
 def decide(snap: PolicySnapshot, cfg: PolicySettings) -> Decision:

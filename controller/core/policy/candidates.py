@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.learn.estimator import expected_committed
 from specctl_vllm.controller.core.model.batch import Options, Prefill
 from specctl_vllm.controller.core.policy.types import Choice, MethodProfile, PolicySnapshot
-from specctl_vllm.controller.drafters import is_model_free
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.drafters import is_model_free
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 
 def options(profiles: list[MethodProfile], k_max: int) -> Options:

@@ -20,7 +20,7 @@ with n_c the category's requests per step on the asking engine: a finished reque
 of the same mix, so a category that commits more tokens per step holds fewer slots,
 n_c = n * (w_c / E_c(k_c)) / sum_c' (w_c' / E_c'(k_c')) with w_c its observed committed tokens per step
 (the workload's demand, which the decision does not change); ``extra`` the prefill tokens per step
-and T the learned step-cost model (controller/core/cost.py), at each depth d times its measured depth-cell
+and T the learned step-cost model (kernel/cost.py), at each depth d times its measured depth-cell
 factor f(d) at batch n (E[T] = sum_d P(d) f(d) T(d); f = 1 where the engine never ran that cell), and
 times P_uni + (1 - P_uni) * p where p is the measured mixed-k penalty and P_uni = sum_x q_x ** n the chance
 that all n requests draft the same k (q_x: share at model depth x; model-free drafts count as depth 0). Finished requests are replaced, so prefill
@@ -70,7 +70,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.learn.estimator import expected_committed
 from specctl_vllm.controller.core.model.batch import BatchModel, Options
 from specctl_vllm.controller.core.model.search import search
 from specctl_vllm.controller.core.policy import candidates as cand
@@ -84,8 +84,8 @@ from specctl_vllm.controller.core.policy.types import (
     MethodProfile,
     PolicySnapshot,
 )
-from specctl_vllm.controller.drafters import is_model_free
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.drafters import is_model_free
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 #: Requests per step assumed for a category absent from the current mix: its decision is then the
 #: marginal one (what one such request would gain in this batch).

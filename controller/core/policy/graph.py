@@ -1,11 +1,11 @@
 """Graph-shaped engines: the decision is the width the engine's own width rule picks, priced by the cell table.
 
 Such an engine verifies one width K for every request of a step, chosen per step by
-:func:`specctl_vllm.controller.core.model.widths.choose_width` on the cell table the controller sends; a category's k
+:func:`specctl_vllm.kernel.model.widths.choose_width` on the cell table the controller sends; a category's k
 from the batch model (:mod:`.goodput`, which models per-request k) would not be what it runs. So the decision
 gives every category (and the default) that width, with the drafter the engine was started with (off at K = 0),
 and its goodput, step time and per-width table rows come from the same cells and E_c(K) curves through
-:func:`~specctl_vllm.controller.core.model.widths.plan_widths`.
+:func:`~specctl_vllm.kernel.model.widths.plan_widths`.
 
     n_c = the category's mean requests per step (the snapshot's mix), requests it does not attribute at the
           cold-start curve;  b = round(batch size);  K = choose_width(n, E, W, T(b, .), steps(b, .))
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, KRow, PolicySnapshot
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.model.cells import CellView
+from specctl_vllm.kernel.model.widths import TokenBudget, WidthPlan, plan_widths
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 #: Name of the requests the mix does not attribute to a category (they run the step's width too).
 REST = "_rest"
@@ -58,7 +58,7 @@ def _own_speedup(plan: WidthPlan, curve: Sequence[float], width: int) -> float:
 def decide(snap: PolicySnapshot, view: CellView, curves: Mapping[str, Sequence[float]],
            default_curve: Sequence[float], budget: TokenBudget | None = None) -> Decision:
     """``budget``: what the engine's steps measured about its token budget, where the steady-step model
-    prices this batch (:func:`~specctl_vllm.controller.core.model.widths.steady_regime`); None: the cells."""
+    prices this batch (:func:`~specctl_vllm.kernel.model.widths.steady_regime`); None: the cells."""
     mix = mix_of(snap)
     plan = plan_widths(view, curves, mix, round(snap.batch_size), default_curve, budget)
     k, method = plan.width, snap.engine_method

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.learn.estimator import expected_committed
 from specctl_vllm.controller.core.model.batch import BatchModel
 from specctl_vllm.controller.core.policy import candidates as cand
 from specctl_vllm.controller.core.policy.types import CategoryInput, MethodProfile, PolicySnapshot
-from specctl_vllm.controller.drafters import is_model_free
+from specctl_vllm.kernel.drafters import is_model_free
 
 
 # --- guardrails on a found configuration ------------------------------------------------------------------------

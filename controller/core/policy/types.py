@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 
 @dataclass(frozen=True)

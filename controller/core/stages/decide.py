@@ -17,16 +17,16 @@ import math
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.learner import ModelState
-from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import COLD_BETA, TokenBudget, geometric_lengths, steady_regime
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, PolicySnapshot
 from specctl_vllm.controller.core.stages.snapshot import policy_snapshot
 from specctl_vllm.controller.core.stages.wire import category_policy, graph_inputs
-from specctl_vllm.controller.protocol import METHOD_OFF, SpecConfig, StepCells
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.model.cells import CellView
+from specctl_vllm.kernel.model.widths import COLD_BETA, TokenBudget, geometric_lengths, steady_regime
+from specctl_vllm.kernel.protocol import METHOD_OFF, SpecConfig, StepCells
 
 Key = tuple[str, str, int, tuple[str, ...], str, bool, tuple[int, ...]]
 

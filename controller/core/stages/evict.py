@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, MutableMapping
 
-from specctl_vllm.controller.core.budget import GLOBAL_SERIES, engine_series, model_series, width_series
 from specctl_vllm.controller.core.config import BudgetSettings
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.budget import GLOBAL_SERIES, engine_series, model_series, width_series
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.learner import ModelState
 
 
 def idle(models: dict[str, ModelState], engines: dict[str, EngineBook], budget: BudgetSettings, now: float) -> list[tuple[str, str]]:

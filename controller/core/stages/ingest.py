@@ -14,18 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from specctl_vllm.controller.core.budget import (
+from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
+from specctl_vllm.controller.core.learn.budget import (
     MODEL_SERIES,
     category_series,
     engine_series,
     label_weight,
     width_series,
 )
-from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.engines import COUNTER_CAP, EngineBook, record_width_steps
-from specctl_vllm.controller.core.learner import BatchDigest, ModelState
-from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
+from specctl_vllm.controller.core.learn.engines import COUNTER_CAP, EngineBook, record_width_steps
+from specctl_vllm.controller.core.learn.learner import BatchDigest, ModelState
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import METHOD_ENGINE, METHOD_OFF, TelemetryBatch
 
 
 class IngestRejected(Exception):

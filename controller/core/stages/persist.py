@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, field
 
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.learner import ModelState
-from specctl_vllm.controller.protocol import CATEGORY_PATTERN, MAX_SEQ, OVERFLOW_CATEGORY
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.learner import ModelState
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.protocol import CATEGORY_PATTERN, MAX_SEQ, OVERFLOW_CATEGORY
 
 DUMP_FORMAT = "specctl-brain"
 DUMP_VERSION = 1

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.entropy import classify
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator, expected_committed, wilson_interval
-from specctl_vllm.controller.core.learner import CategoryState, ModelState
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.entropy import classify
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator, expected_committed, wilson_interval
+from specctl_vllm.controller.core.learn.learner import CategoryState, ModelState
 from specctl_vllm.controller.core.overrides import Override
 from specctl_vllm.controller.core.policy.types import Decision
 from specctl_vllm.controller.core.views import (
@@ -30,8 +30,8 @@ from specctl_vllm.controller.core.views import (
     MetricsSnapshot,
     PositionView,
 )
-from specctl_vllm.controller.drafters import is_model_free
-from specctl_vllm.controller.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
+from specctl_vllm.kernel.drafters import is_model_free
+from specctl_vllm.kernel.protocol import MAX_K, METHOD_OFF, CategoryPolicy, SpecConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,14 +9,14 @@ depth factors and mixed-k penalty at that engine's batch size.
 from __future__ import annotations
 
 from specctl_vllm.controller.core.config import LearnerSettings
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.cost_fit import corrections
-from specctl_vllm.controller.core.engines import EngineBook
-from specctl_vllm.controller.core.estimator import AcceptanceEstimator
-from specctl_vllm.controller.core.learner import ModelState
+from specctl_vllm.controller.core.learn.cost_fit import corrections
+from specctl_vllm.controller.core.learn.engines import EngineBook
+from specctl_vllm.controller.core.learn.estimator import AcceptanceEstimator
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, Decision, MethodProfile, PolicySnapshot
-from specctl_vllm.controller.drafters import is_model_free
-from specctl_vllm.controller.protocol import METHOD_ENGINE, METHOD_OFF, SpecConfig
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.drafters import is_model_free
+from specctl_vllm.kernel.protocol import METHOD_ENGINE, METHOD_OFF, SpecConfig
 
 
 def engine_methods(spec: SpecConfig) -> tuple[str, ...]:

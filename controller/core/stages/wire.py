@@ -1,6 +1,6 @@
 """A decision -> the :class:`Policy` an engine acts on.
 
-Per category the decided k, drafter (named on the wire by :func:`specctl_vllm.controller.drafters.to_wire`) and adaptation
+Per category the decided k, drafter (named on the wire by :func:`specctl_vllm.kernel.drafters.to_wire`) and adaptation
 band, clamped to the engine's k_max; active operator overrides applied on top; for graph-shaped engines the
 step-cost cell table and each category's E_c(K) curve, rounded so that noise alone does not make a new policy
 version at every refresh. Pure functions: :func:`serve` is given the version counter and the policy served
@@ -14,14 +14,14 @@ import re
 from dataclasses import dataclass
 
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings
-from specctl_vllm.controller.core.cost import CostCoefficients
-from specctl_vllm.controller.core.learner import ModelState
-from specctl_vllm.controller.core.model.widths import expected_lengths
+from specctl_vllm.controller.core.learn.learner import ModelState
 from specctl_vllm.controller.core.overrides import Override
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision
 from specctl_vllm.controller.core.stages.snapshot import engine_methods
-from specctl_vllm.controller.drafters import to_wire
-from specctl_vllm.controller.protocol import (
+from specctl_vllm.kernel.cost import CostCoefficients
+from specctl_vllm.kernel.drafters import to_wire
+from specctl_vllm.kernel.model.widths import expected_lengths
+from specctl_vllm.kernel.protocol import (
     CATEGORY_PATTERN,
     METHOD_ENGINE,
     METHOD_OFF,

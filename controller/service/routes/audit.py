@@ -7,11 +7,11 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Query
 
-from specctl_vllm.controller.protocol import CATEGORY_INPUT_PATTERN, category_name
 from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
 from specctl_vllm.controller.service.openapi_bodies import responses
 from specctl_vllm.controller.service.routes.overrides import audit_entry
 from specctl_vllm.controller.service.schemas import AuditEntry
+from specctl_vllm.kernel.protocol import CATEGORY_INPUT_PATTERN, category_name
 
 router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[SingleValuedQuery])
 

@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from specctl_vllm.controller.protocol import CATEGORY_INPUT_PATTERN, category_name
 from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
 from specctl_vllm.controller.service.errors import BadInput
 from specctl_vllm.controller.service.openapi_bodies import responses
+from specctl_vllm.kernel.protocol import CATEGORY_INPUT_PATTERN, category_name
 
 router = APIRouter(prefix="/v1", tags=["categories"], dependencies=[SingleValuedQuery])
 

@@ -10,7 +10,6 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from specctl_vllm.controller.core.overrides import drafters_offered, unavailable_method
-from specctl_vllm.controller.protocol import CATEGORY_INPUT_PATTERN, category_name
 from specctl_vllm.controller.service.deps import AdminAuth, RuntimeDep, read_json
 from specctl_vllm.controller.service.errors import BadInput
 from specctl_vllm.controller.service.openapi_bodies import json_body, responses
@@ -23,6 +22,7 @@ from specctl_vllm.controller.service.schemas import (
     OverrideOut,
 )
 from specctl_vllm.controller.service.store import AuditRecord, describe_store_error
+from specctl_vllm.kernel.protocol import CATEGORY_INPUT_PATTERN, category_name
 
 log = logging.getLogger("controller.service")
 

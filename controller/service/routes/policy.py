@@ -8,10 +8,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
-from specctl_vllm.controller.protocol import MAX_K, METHOD_PATTERN, Policy, SpecConfig
 from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
 from specctl_vllm.controller.service.errors import from_validation_error
 from specctl_vllm.controller.service.openapi_bodies import responses
+from specctl_vllm.kernel.protocol import MAX_K, METHOD_PATTERN, Policy, SpecConfig
 
 router = APIRouter(prefix="/v1", tags=["policy"], dependencies=[SingleValuedQuery])
 

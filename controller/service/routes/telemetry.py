@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from specctl_vllm.controller.protocol import TelemetryAck, TelemetryBatch
 from specctl_vllm.controller.service.deps import IngestRuntime, read_body
 from specctl_vllm.controller.service.errors import BadInput
 from specctl_vllm.controller.service.openapi_bodies import json_body, responses
 from specctl_vllm.controller.service.runtime import INLINE_BODY_BYTES, Runtime
+from specctl_vllm.kernel.protocol import TelemetryAck, TelemetryBatch
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench.gpu import check_noise as cn
-from specctl_vllm.controller.core.model.cells import BATCH_EDGES, bucket_of
+from specctl_vllm.kernel.model.cells import BATCH_EDGES, bucket_of
 
 B64 = bucket_of(64, BATCH_EDGES)
 

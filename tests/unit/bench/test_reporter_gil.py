@@ -11,8 +11,8 @@ from bench import reporter_gil as rg
 
 
 def test_a_graph_row_is_a_valid_telemetry_step_at_the_bench_width() -> None:
-    from specctl_vllm.controller import protocol
     from specctl_vllm.engine_patch.telemetry import row_to_wire
+    from specctl_vllm.kernel import protocol
 
     row = rg.graph_row(3, 0.008)
     step = protocol.StepRecord.model_validate(row_to_wire(row))

@@ -17,8 +17,8 @@ from bench.sim.graph import (
     run_graph,
 )
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import PRESETS
-from specctl_vllm.controller.core.model.cells import CellTable, bucket_of
+from specctl_vllm.kernel.cost import PRESETS
+from specctl_vllm.kernel.model.cells import CellTable, bucket_of
 
 H200 = PRESETS["h200"]
 

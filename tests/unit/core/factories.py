@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import H200
-from specctl_vllm.controller.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
+from specctl_vllm.kernel.cost import H200
+from specctl_vllm.kernel.protocol import CategoryStep, DraftHistogram, SpecConfig, StepRecord, TelemetryBatch
 
 SPEC = SpecConfig(method="eagle3", k_max=4, model_free_methods=[])
 

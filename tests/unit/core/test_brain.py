@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specctl_vllm.controller.core.brain import MAX_MODELS, Brain, IngestRejected
-from specctl_vllm.controller.protocol import (
+from specctl_vllm.kernel.protocol import (
     METHOD_ENGINE,
     OVERFLOW_CATEGORY,
     CategoryStep,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from specctl_vllm.controller.core.brain import Brain
-from specctl_vllm.controller.core.model.cells import bucket_of
-from specctl_vllm.controller.core.model.widths import expected_lengths
-from specctl_vllm.controller.protocol import SpecConfig
+from specctl_vllm.kernel.model.cells import bucket_of
+from specctl_vllm.kernel.model.widths import expected_lengths
+from specctl_vllm.kernel.protocol import SpecConfig
 from tests.unit.core.factories import SPEC, batch, brain, cat_step, config, step
 
 GRAPH_SPEC = SpecConfig(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=[0, 1, 2, 4, 7])
@@ -134,7 +134,7 @@ def budget_bound_steps(n: int = 226) -> list:
 
 
 def test_the_controller_measures_the_token_budget_as_the_engine_does() -> None:
-    from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample
+    from specctl_vllm.kernel.model.budget import BudgetMeter, budget_sample
 
     b, engine = brain(), BudgetMeter(2048)
     for seq in range(40):
@@ -168,7 +168,7 @@ def test_the_policy_prices_a_budget_bound_batch_with_the_steady_step_model() -> 
 
 
 def test_replay_reads_the_recorded_budget_as_the_engine_metered_it() -> None:
-    from specctl_vllm.controller.core.model.budget import BudgetMeter, budget_sample, recorded_budget
+    from specctl_vllm.kernel.model.budget import BudgetMeter, budget_sample, recorded_budget
 
     batches = [batch(budget_bound_steps(), seq, spec=BUDGET_SPEC) for seq in range(12)]
     engine = BudgetMeter(2048)

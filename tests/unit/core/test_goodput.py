@@ -3,10 +3,10 @@
 import pytest
 
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.cost import CPU, H200, PRESETS
-from specctl_vllm.controller.core.estimator import expected_committed
+from specctl_vllm.controller.core.learn.estimator import expected_committed
 from specctl_vllm.controller.core.policy import baseline, goodput
 from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+from specctl_vllm.kernel.cost import CPU, H200, PRESETS
 
 CFG = PolicySettings(cost_preset="h200")
 

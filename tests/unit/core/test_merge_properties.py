@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specctl_vllm.controller.core.brain import Brain
-from specctl_vllm.controller.protocol import CategoryStep, DraftHistogram, StepRecord
+from specctl_vllm.kernel.protocol import CategoryStep, DraftHistogram, StepRecord
 from tests.unit.core.factories import batch, config
 
 

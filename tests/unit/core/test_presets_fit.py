@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench.sim.fit_presets import DATA, as_preset, fit_runs
-from specctl_vllm.controller.core.cost import H200, PRESETS, roofline_from_h200
+from specctl_vllm.kernel.cost import H200, PRESETS, roofline_from_h200
 
 
 def test_h200_preset_is_the_fit_of_the_measured_runs():

@@ -7,7 +7,7 @@ the served policy came from; these tests check that every change of those still 
 import pytest
 
 from specctl_vllm.controller.core.overrides import Override
-from specctl_vllm.controller.protocol import SpecConfig
+from specctl_vllm.kernel.protocol import SpecConfig
 from tests.unit.core.factories import SPEC, brain
 from tests.unit.core.test_brain import feed
 

@@ -9,7 +9,7 @@ from bench.sim.profiles import builtin_mixed, parse, trace_from_telemetry
 from bench.sim.run import run_one
 from bench.sim.strategies import BatchTable, FixedK, NoSpec, SglangTiers, Specctl
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import H200
+from specctl_vllm.kernel.cost import H200
 
 
 def sure_trace(beta: float = 1.0) -> dict:
@@ -105,7 +105,7 @@ def test_trace_from_recorded_telemetry():
     s = Specctl(t, BrainConfig(LearnerSettings(), PolicySettings(cost_preset="h200")), seed=6)
     run_one(t, H200, 4, s, requests=40, warmup=0.0, seed=6)
     step = s._record(SimEngine(t, H200, 4, seed=6).step(np.full(4, 2), np.zeros(4, dtype=int)), 1.0)
-    from specctl_vllm.controller.protocol import TelemetryBatch
+    from specctl_vllm.kernel.protocol import TelemetryBatch
 
     line = TelemetryBatch(engine_id="e", boot_id="b", model_name="m", seq=0, sent_at=0.0, spec=s.spec,
                           steps=[step]).model_dump_json()

@@ -114,7 +114,7 @@ def installed(tmp_path_factory) -> Path:
     context = tmp_path_factory.mktemp("context")
     for src in copied_sources(DOCKERFILES["engine"]):
         if (REPO / src).is_dir():
-            # symlinks=True: COPY keeps specctl_vllm/'s links to ../controller and ../engine_patch as links
+            # symlinks=True: COPY keeps links as links (the package has none: pyproject maps its subpackages)
             shutil.copytree(REPO / src, context / src, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:

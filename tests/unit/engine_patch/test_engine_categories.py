@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.categories import category_from_body, category_from_sampling_params, valid_category
+from specctl_vllm.kernel import protocol
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}

@@ -50,7 +50,7 @@ def test_invalid_values_fall_back_to_defaults_and_say_why(env: dict, caplog) -> 
 def test_default_engine_id_is_a_valid_protocol_id() -> None:
     import re
 
-    from specctl_vllm.controller import protocol
+    from specctl_vllm.kernel import protocol
 
     assert re.fullmatch(protocol.ENGINE_ID_PATTERN, default_engine_id(3))
     assert default_engine_id(3).endswith("-dp3")

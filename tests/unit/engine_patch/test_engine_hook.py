@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from engine_rig import Rig
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.hook import STATE_ATTR, probe_selected
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import row_to_wire
+from specctl_vllm.kernel import protocol
 
 CP = protocol.CategoryPolicy
 

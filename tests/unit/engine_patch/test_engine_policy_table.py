@@ -6,8 +6,6 @@ import math
 
 import pytest
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.adapt import RequestK
 from specctl_vllm.engine_patch.policy_table import (
     EngineSpec,
     PolicyHolder,
@@ -16,6 +14,8 @@ from specctl_vllm.engine_patch.policy_table import (
     resolve,
     static_table,
 )
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.adapt import RequestK
 
 NGRAM = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 ASYNC_EAGLE = EngineSpec(method="eagle3", k_max=3)
@@ -130,7 +130,7 @@ def test_holder_expiry_falls_back_and_reattaches() -> None:
     ],
 )
 def test_next_k_bound_covers_next_k(state: RequestK, rule: protocol.AdaptRule, bound: int) -> None:
-    from specctl_vllm.controller.adapt import next_k
+    from specctl_vllm.kernel.adapt import next_k
 
     r = resolve(cp(k=state.k, adapt=rule), EngineSpec(method="ngram", k_max=8))
     assert next_k_bound(state, r) == bound

@@ -9,11 +9,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings
 from specctl_vllm.engine_patch.telemetry import StepQueue, StepRow, new_entry
+from specctl_vllm.kernel import protocol
 
 ENGINE = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 TOKEN = "ing-0123456789abcdef"

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from engine_rig import Rig
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.core.model import measured as measured_module
-from specctl_vllm.controller.core.model.widths import PRIOR_PASS_S, geometric_lengths
 from specctl_vllm.engine_patch import widths as widths_module
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire, step_aggregate
 from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser, verified_width
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.model import measured as measured_module
+from specctl_vllm.kernel.model.widths import PRIOR_PASS_S, geometric_lengths
 
 CP = protocol.CategoryPolicy
 GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))

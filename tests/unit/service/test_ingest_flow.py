@@ -15,10 +15,10 @@ from starlette.exceptions import HTTPException
 from bench.ingest import Profile, make_batch
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig
-from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.service.ingest_flow import BytesInFlight, slice_bounds, slices
 from specctl_vllm.controller.service.runtime import Runtime
 from specctl_vllm.controller.service.store import Store
+from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.conftest import INGEST, FakeClock
 
 DENSE = Profile("dense", requests_per_step=256, steps_per_batch=300, categories=6, k_max=8, step_ms=25.0)

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from specctl_vllm.controller.core.policy import goodput
-from specctl_vllm.controller.protocol import MAX_SEQ
+from specctl_vllm.kernel.protocol import MAX_SEQ
 from tests.unit.service.batches import MODEL, batch
 from tests.unit.service.conftest import INGEST
 

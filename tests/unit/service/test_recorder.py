@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from specctl_vllm.controller import replay_cli, report_cli
-from specctl_vllm.controller.protocol import TelemetryBatch
 from specctl_vllm.controller.service.app import create_app
 from specctl_vllm.controller.service.recorder import FILE_RE, Recorder, file_name, next_index, to_delete
 from specctl_vllm.controller.service.settings import RecordSettings, ServiceSettings
+from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.batches import batch, hist, step
 from tests.unit.service.conftest import INGEST, parked_sleep, settings_for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specctl_vllm.controller import report, report_cli
-from specctl_vllm.controller.protocol import TelemetryBatch
+from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.batches import batch, hist, step
 from tests.unit.service.conftest import INGEST
 

@@ -11,15 +11,15 @@ import pytest
 from bench.sim import oracle
 from bench.sim.graph import GraphEngine, gpu_profile_trace
 from bench.sim.profiles import CategoryProfile, Trace
-from specctl_vllm.controller.core import token_traces, whatif
 from specctl_vllm.controller.core.config import PolicySettings
-from specctl_vllm.controller.core.cost import CPU, H200, MIXED, UNIFORM, CostCoefficients
-from specctl_vllm.controller.core.cost_fit import NO_CORRECTIONS, OnlineCostModel, corrections
+from specctl_vllm.controller.core.learn.cost_fit import NO_CORRECTIONS, OnlineCostModel, corrections
 from specctl_vllm.controller.core.model.batch import BatchModel
-from specctl_vllm.controller.core.model.cells import CellTable, CellView
-from specctl_vllm.controller.core.model.widths import COLD_BETA, geometric_lengths
+from specctl_vllm.controller.core.offline import token_traces, whatif
 from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
+from specctl_vllm.kernel.cost import CPU, H200, MIXED, UNIFORM, CostCoefficients
+from specctl_vllm.kernel.model.cells import CellTable, CellView
+from specctl_vllm.kernel.model.widths import COLD_BETA, geometric_lengths
 
 K_MAX = 6
 ENGINE, FREE = "draft_model", "ngram"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from specctl_vllm.controller.core.brain import Brain
-from specctl_vllm.controller.core.model.cells import bucket_of
-from specctl_vllm.controller.core.model.widths import COLD_BETA, choose_width, geometric_lengths
 from specctl_vllm.controller.core.overrides import Override
 from specctl_vllm.controller.core.policy import goodput
 from specctl_vllm.controller.core.stages import decide
 from specctl_vllm.controller.core.stages.snapshot import policy_snapshot
-from specctl_vllm.controller.protocol import SpecConfig
+from specctl_vllm.kernel.model.cells import bucket_of
+from specctl_vllm.kernel.model.widths import COLD_BETA, choose_width, geometric_lengths
+from specctl_vllm.kernel.protocol import SpecConfig
 from tests.unit.core.factories import batch, brain, cat_step, step
 
 GRAPH = SpecConfig(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=[0, 1, 2, 4, 7])

@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings, LearnerSettings, PolicySettings
-from specctl_vllm.controller.core.cost import H200
 from specctl_vllm.controller.core.stages.evict import series
 from specctl_vllm.controller.core.stages.ingest import Admission, IngestRejected, IngestResult, admit, apply
+from specctl_vllm.kernel.cost import H200
 from tests.unit.core.factories import batch, cat_step, step
 
 CONFIG = BrainConfig(LearnerSettings(), PolicySettings())

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specctl_vllm.controller.core.brain import Brain
 from specctl_vllm.controller.core.config import BrainConfig, BudgetSettings, LearnerSettings, PolicySettings
-from specctl_vllm.controller.protocol import CategoryStep, SpecConfig
 from specctl_vllm.controller.service.metrics import ServiceStats, render
+from specctl_vllm.kernel.protocol import CategoryStep, SpecConfig
 from tests.unit.core.factories import batch, cat_step, hist, step
 
 MODEL = "org/model-c"
