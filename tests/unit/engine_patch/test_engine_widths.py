@@ -40,6 +40,35 @@ def test_all_categories_pinned_by_overrides_fix_the_width() -> None:
     assert rig.sim.last_output.num_spec_tokens_to_schedule == 2  # k=3 rounded down to the width set
 
 
+def _rule_width(**categories: CP) -> int:
+    """The width the engine's rule picks for a step of 6 json and 2 prose requests under these rules."""
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), **categories)
+    chooser = WidthChooser(GRAPH.graph_widths, GRAPH.k_max, explore_every=0)
+    return chooser.choose({"json": 6, "prose": 2}, rig.holder.current(rig.clock()), 8)
+
+
+CAPPED = {"json": CP(k=7, expected=HIGH), "prose": CP(k=7, expected=LOW)}  # what the controller sends: k_max
+
+
+@pytest.mark.parametrize(("rules", "width"), [
+    # the engine owns the width: a k the policy sends is no width, whatever it says
+    (CAPPED, None),
+    ({"json": CP(k=0, expected=HIGH), "prose": CP(k=2, expected=LOW)}, None),
+    ({"json": CP(k=4, expected=HIGH), "prose": CP(k=0, expected=LOW)}, None),
+    # an operator's k pins the width where it covers every category of the step (the largest, in the width set)
+    ({"json": CP(k=7, expected=HIGH, source="override"), "prose": CP(k=1, expected=LOW, source="override")}, 7),
+    ({"json": CP(k=3, expected=HIGH, source="override"), "prose": CP(k=0, expected=LOW, source="override")}, 2),
+    ({"json": CP(k=0, expected=HIGH, source="override"), "prose": CP(k=0, expected=LOW, source="override")}, 0),
+    # one category's override caps what it is credited: the rule still picks, here plain
+    ({"json": CP(k=0, expected=HIGH, source="override"), "prose": CP(k=7, expected=LOW)}, 0),
+])
+def test_the_engine_s_rule_owns_the_width_and_only_an_operator_pins_it(rules, width) -> None:
+    free = _rule_width(**CAPPED)
+    assert free == 4  # cheap cells and mostly json: the rule drafts (a width none of the pins below runs)
+    assert _rule_width(**rules) == (free if width is None else width)
+
+
 @pytest.mark.parametrize(("curve", "model_width", "period"), [
     # the model rates K = 4 2.57x plain: an explored step gives up most of a step, so it comes once in 837
     (HIGH, 4, 837),
