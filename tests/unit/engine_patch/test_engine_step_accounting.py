@@ -1,4 +1,5 @@
-"""Step accounting on a simulated engine: histograms reconcile with the engine's counts, the engine-loop tallies, the key table, the rows queued and the meters fed."""
+"""Step accounting on a simulated engine: histograms reconcile with the engine's counts, the engine-loop
+tallies, the key table, the rows queued and the meters fed."""
 
 from __future__ import annotations
 
