@@ -6,7 +6,7 @@ Two measurements, side by side, into ``bench/results/overhead.json``:
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with ``SpecctlScheduler`` and an active per-category policy
   (adaptive k for most categories, the patch's suffix drafter for one, the default counterfactual budget).
   N requests with ``ignore_eos`` keep the batch at N; the hook times its own sections with
-  ``perf_counter_ns`` (:class:`specctl_vllm.engine_patch.hook.HookStats`); step time is ``schedule()`` start to
+  ``perf_counter_ns`` (:class:`specctl_vllm.engine_patch.hook_stats.HookStats`); step time is ``schedule()`` start to
   ``update_from_output()`` end. Reported per step: the hook's total, its counterfactual scoring and its
   model-free drafting (the suffix method's own cost, like vLLM's n-gram drafter: not overhead), and
   ``overhead = (hook - drafting) / step`` against the 1 % target.
@@ -45,7 +45,7 @@ class SampledStats:
     a shared machine (a descheduled process inflates one step, not the median)."""
 
     def __new__(cls) -> Any:
-        from specctl_vllm.engine_patch.hook import HookStats
+        from specctl_vllm.engine_patch.hook_stats import HookStats
 
         class _Sampled(HookStats):
             def __init__(self) -> None:

@@ -1,5 +1,9 @@
 """Per-step width choice of a graph-shaped engine (no I/O; O(categories x widths) per step).
 
+This rule is the one owner of the width: the controller's policy sends its inputs (the cell table, E_c(K) per
+category, each category capped at k_max) and decides none (``controller/core/policy/README.md``, ``graph.py``);
+only an operator's override pins or caps a category.
+
 Each step the engine verifies one width K from its width set for every request, so every step replays a
 captured full graph. The choice is :func:`specctl_vllm.kernel.model.widths.choose_width` (the one width rule of the
 project) on:

@@ -584,7 +584,7 @@ CHECKS: tuple[Check, ...] = (
     Check("Scheduler.structured_output_manager", "runtime: validate_tokens for model-free drafts",
           has_member(SCHED, S, "structured_output_manager")),
     Check("StructuredOutputManager.validate_tokens / trim_spec_tokens(self, request, spec_tokens)",
-          "hook._draft_model_free validates model-free drafts (runtime.build_runtime takes either name)",
+          "model_free.ModelFree.draft validates model-free drafts (runtime.build_runtime takes either name)",
           any_of(has_method(STRUCT, "StructuredOutputManager", "validate_tokens", ("self", "request", "spec_tokens")),
                  has_method(STRUCT, "StructuredOutputManager", "trim_spec_tokens", ("self", "request", "spec_tokens"))),
           since=(0, 30), fallback="runtime.build_runtime finds no validator (getattr -> None): model-free drafts of "
@@ -636,7 +636,7 @@ CHECKS: tuple[Check, ...] = (
         ("num_tokens", "hook.before_schedule"),
         ("all_token_ids", "hook: model-free drafting / counterfactual scoring"),
         ("num_output_tokens", "hook: counterfactual scoring"),
-        ("use_structured_output", "hook._draft_model_free"),
+        ("use_structured_output", "model_free.ModelFree.draft"),
         ("is_finished", "hook.observe"),
     )),
     *(Check(f"Request.{name}", "hook.observe skips stale drop-mode output as update_from_output does",

@@ -56,6 +56,9 @@ class DecisionView:
     engine_shape: str  # 'method/k_max' of the engine this decision was computed for
     goodput_table: tuple[dict, ...]  # per k: method, E(k), step ms, batch goodput, speedup vs plain
     override: dict | None
+    #: graph-shaped engines: the width the engine's own rule is forecast to pick at the mean mix (``k`` is then
+    #: the cap it may run up to; the engine picks each step's width itself); None for per-request engines
+    width: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

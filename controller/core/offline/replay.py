@@ -260,8 +260,9 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
             if rejected:
                 notes.append(f"goodput: {rejected} batches rejected by the controller logic and skipped")
             extra = {}
-            if graph:  # every category runs the step's width: the policy's (the engine's rule on its cells)
-                width = decisions.get("_default", (0, METHOD_OFF, "default"))[0]
+            if graph:  # every category runs the step's width, which the engine's own rule picks (the policy
+                # sends its inputs and caps, not a width): the rule on the recording's cells and mix
+                width = whatif.graph_plan(work, curves, view, batch_size, budget).width
                 choice = whatif.uniform(work, profiles, spec.method, width)
                 extra = {"width": width}
             row("goodput", choice, at(extra["width"]) if graph else None, timeline=changes,

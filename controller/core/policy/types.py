@@ -115,6 +115,9 @@ class Decision:
     plain_goodput: float  # tokens/s with speculation off everywhere (model)
     step_ms: float
     plain_step_ms: float
+    #: graph-shaped engines: the width the engine's own rule is forecast to pick at the mean mix (a report: the
+    #: engine picks each step's width itself, see policy/README.md); None for per-request engines
+    width: int | None = None
 
     def by_name(self) -> dict[str, CategoryDecision]:
         return {c.name: c for c in self.categories}

@@ -1,9 +1,9 @@
 """The decision per engine shape: when it is due, and what is served when it cannot be computed.
 
 A decision is :func:`specctl_vllm.controller.core.policy.goodput.decide` on the engine's snapshot, or, for a
-graph-shaped engine (``graph_widths``), :func:`specctl_vllm.controller.core.policy.graph.decide` on the cell table
-and curves the engine is sent (the width its own rule picks: the batch model's per-request k is not what such an
-engine runs). It is cached per engine
+graph-shaped engine (``graph_widths``), :func:`specctl_vllm.controller.core.policy.graph.decide`: such an engine
+picks each step's width itself, so its decision caps every category at the engine's k_max and reports the width
+the engine's rule is forecast to pick from the cell table and curves it is sent. It is cached per engine
 shape (:func:`key`) for the engine's own refresh period (:func:`refresh_interval`) unless the model's
 signature changes (a new category, a drafter that just became usable). A decision that raises or comes out
 unsound (a non-finite figure, a policy the wire refuses) is not served: the last good one is, else the
@@ -85,9 +85,9 @@ def compute(ms: ModelState | None, book: EngineBook | None, spec: SpecConfig, no
 
 def _graph_decision(snap: PolicySnapshot, ms: ModelState | None, spec: SpecConfig, config: BrainConfig,
                     preset: CostCoefficients) -> Decision | None:
-    """The width the engine's rule picks from exactly what it is sent (rounded cells, quantised step counts,
-    rounded curves: the margin depends on the counts); None where the engine gets no cells (it then runs its
-    static width, and the batch model's decision is as good a description as any)."""
+    """The graph policy's decision, its forecast width computed from exactly what the engine is sent (rounded
+    cells, quantised step counts, rounded curves: the margin depends on the counts); None where the engine gets
+    no cells (it then runs its static width, and the batch model's decision is as good a description as any)."""
     cells, curves = graph_inputs(ms, spec, preset, config.learner)
     if cells is None:
         return None

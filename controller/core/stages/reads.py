@@ -132,7 +132,7 @@ def decision_view(category: str, eff: Effective | None, active: Mapping[str, Ove
         goodput_table=tuple({"k": r.k, "method": r.method, "expected_committed": r.expected_committed,
                              "step_ms": r.step_ms, "goodput_tokens_per_s": r.goodput, "speedup": r.speedup}
                             for r in d.table),
-        override=ov.to_dict() if ov else None)
+        override=ov.to_dict() if ov else None, width=decision.width)
 
 
 def category_view(ms: ModelState, category: str, now: float, eff: Effective | None, active: Mapping[str, Override],

@@ -161,10 +161,13 @@ def test_the_policy_prices_a_budget_bound_batch_with_the_steady_step_model() -> 
     modelled = with_budget.policy_for("m", BUDGET_SPEC, 1013.0, engine_id="e1").categories["json"]
     priced_by_cells = cells_only.policy_for("m", GRAPH_SPEC, 1013.0, engine_id="e1").categories["json"]
     assert "steady-step model" in modelled.reason and "cell table" in priced_by_cells.reason
-    # beta 0.85 at 226 requests with session 5's fixed costs: K = 2, as the H200's static engines measured
-    assert modelled.k == 2
+    # the wire caps every category at k_max: the engine's rule picks each step's width
+    assert modelled.k == priced_by_cells.k == BUDGET_SPEC.k_max
+    # the rule's forecast there, beta 0.85 at 226 requests with session 5's fixed costs: K = 2, as the H200's
+    # static engines measured
+    assert with_budget.category("json", 1013.0).decision.width == 2
     # the cells there hold only their prior (every step carried prompts): plain, by the unmeasured margin
-    assert priced_by_cells.k == 0
+    assert cells_only.category("json", 1013.0).decision.width == 0
 
 
 def test_replay_reads_the_recorded_budget_as_the_engine_metered_it() -> None:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import random
 
-from bench.support.engine_sim import FakeRequest, SimEngine, script_drafter
 from specctl_vllm.controller import protocol
+from specctl_vllm.controller.core.model.widths import geometric_lengths
 from specctl_vllm.engine_patch.hook import SpecHook
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
-from specctl_vllm.engine_patch.telemetry import StepQueue
+from specctl_vllm.engine_patch.telemetry import StepQueue, row_to_wire
+from tests.support.engine_sim import FakeRequest, SimEngine, script_drafter
 
 NGRAM4 = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
+CP = protocol.CategoryPolicy
+GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
+HIGH = list(geometric_lengths(0.85, 7))
+LOW = list(geometric_lengths(0.1, 7))
+
+#: One bucket where K = 2 has 3 measured steps and every other width thousands: exploration's target.
+EXPLORE_ROW = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
+                                 step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]], steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
 
 
 class FakeClock:
@@ -72,3 +81,44 @@ class Rig:
         policy = protocol.Policy(version=version, issued_at=0.0, ttl_s=ttl,
                                  default=default or protocol.CategoryPolicy(k=4), categories=categories)
         self.holder.install(policy, self.clock())
+
+
+# -- helpers shared by the engine-patch tests ----------------------------------------------------------
+
+
+def cells(step_ms: list[float], steps: float = 1e4) -> protocol.StepCells:
+    return protocol.StepCells(batch_edges=[4, 512], widths=[0, 1, 2, 4, 7], step_s=[[t / 1e3 for t in step_ms]] * 2,
+                              steps=[[steps] * 5] * 2)
+
+
+def install(rig: Rig, cell_table: protocol.StepCells | None, **categories: CP) -> None:
+    policy = protocol.Policy(version=1, issued_at=0.0, ttl_s=60.0, default=CP(k=4), categories=categories,
+                             step_cells=cell_table)
+    rig.holder.install(policy, rig.clock())
+
+
+def widths_seen(rig: Rig, steps: int) -> list[set[int]]:
+    out = []
+    for _ in range(steps):
+        rig.sim.step()
+        out.append({len(d) for d in rig.sim.last_output.scheduled_spec_decode_tokens.values()})
+    return out
+
+
+def totals(rig: Rig) -> dict[tuple[str, str], list[int]]:
+    """(category, method) -> [request steps, drafts, draft tokens, accepted tokens] over all queued rows."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for row in rig.queue.drain(100_000):
+        record = protocol.StepRecord.model_validate(row_to_wire(row))  # every row is a valid StepRecord
+        for cat in record.categories:
+            t = out.setdefault((cat.category, cat.method), [0, 0, 0, 0])
+            t[0] += cat.requests
+            for h in cat.hists:
+                t[1] += h.drafts
+                t[2] += h.draft_tokens
+                t[3] += h.accepted_tokens
+    return out
+
+
+def run(rig: Rig, steps: int) -> list:
+    return [rig.sim.step() for _ in range(steps)]

@@ -1,4 +1,4 @@
-"""Graph-shaped engines: one width per step for every request, chosen by the width rule from the policy."""
+"""The width rule of graph-shaped engines: the chooser's choice, exploration, the budget meter, the measured check."""
 
 from __future__ import annotations
 
@@ -8,50 +8,14 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from engine_rig import Rig
+from engine_rig import CP, EXPLORE_ROW, GRAPH, HIGH, LOW, Rig, cells, install, widths_seen
 
 from specctl_vllm.engine_patch import widths as widths_module
-from specctl_vllm.engine_patch.policy_table import EngineSpec
-from specctl_vllm.engine_patch.telemetry import new_entry, row_to_wire, step_aggregate
+from specctl_vllm.engine_patch.telemetry import new_entry
 from specctl_vllm.engine_patch.widths import MIN_FULL_STEPS, BudgetMeter, WidthChooser, verified_width
 from specctl_vllm.kernel import protocol
 from specctl_vllm.kernel.model import measured as measured_module
 from specctl_vllm.kernel.model.widths import PRIOR_PASS_S, geometric_lengths
-
-CP = protocol.CategoryPolicy
-GRAPH = EngineSpec(method="eagle3", k_max=7, full_cuda_graphs=True, graph_widths=(0, 1, 2, 4, 7))
-HIGH = list(geometric_lengths(0.85, 7))
-LOW = list(geometric_lengths(0.1, 7))
-
-
-def cells(step_ms: list[float], steps: float = 1e4) -> protocol.StepCells:
-    return protocol.StepCells(batch_edges=[4, 512], widths=[0, 1, 2, 4, 7], step_s=[[t / 1e3 for t in step_ms]] * 2,
-                              steps=[[steps] * 5] * 2)
-
-
-def install(rig: Rig, cell_table: protocol.StepCells | None, **categories: CP) -> None:
-    policy = protocol.Policy(version=1, issued_at=0.0, ttl_s=60.0, default=CP(k=4), categories=categories,
-                             step_cells=cell_table)
-    rig.holder.install(policy, rig.clock())
-
-
-def widths_seen(rig: Rig, steps: int) -> list[set[int]]:
-    out = []
-    for _ in range(steps):
-        rig.sim.step()
-        out.append({len(d) for d in rig.sim.last_output.scheduled_spec_decode_tokens.values()})
-    return out
-
-
-def test_every_request_of_a_step_verifies_one_width() -> None:
-    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(3):
-        rig.add(f"j{i}", "json")
-        rig.add(f"p{i}", "prose")
-    seen = widths_seen(rig, 12)
-    assert all(len(s) <= 1 for s in seen)  # uniform: never two widths in one step
-    assert rig.sim.last_output.num_spec_tokens_to_schedule in GRAPH.graph_widths
 
 
 def test_high_acceptance_cheap_cells_speculate_and_dear_cells_do_not() -> None:
@@ -68,24 +32,6 @@ def test_high_acceptance_cheap_cells_speculate_and_dear_cells_do_not() -> None:
     assert dear.sim.last_output.num_spec_tokens_to_schedule == 0
 
 
-def test_drafts_of_a_category_whose_policy_is_off_count_under_the_engine_drafter() -> None:
-    """A category decided off (k=0, method 'off') still verifies the step's width beside a category that
-    speculates; its drafts came from the engine's drafter and are reported under it. Under 'off' the controller
-    refuses the whole batch (seen on the H200: every batch of the mixed profile at c >= 64)."""
-    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH),
-            prose=CP(k=0, method=protocol.METHOD_OFF, expected=LOW))
-    for i in range(3):
-        rig.add(f"j{i}", "json")
-        rig.add(f"p{i}", "prose")
-    widths_seen(rig, 12)
-    rows = [protocol.StepRecord.model_validate(row_to_wire(r)) for r in rig.queue.drain(100)]
-    prose = [c for r in rows if r.width for c in r.categories if c.category == "prose"]
-    assert prose and any(c.hists for c in prose)
-    assert all(c.method == "eagle3" for c in prose if c.hists)
-    assert not any(c.hists for r in rows for c in r.categories if c.method == protocol.METHOD_OFF)
-
-
 def test_all_categories_pinned_by_overrides_fix_the_width() -> None:
     rig = Rig(GRAPH, correct={"json": 7})
     install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=3, expected=HIGH, source="override"))
@@ -94,20 +40,33 @@ def test_all_categories_pinned_by_overrides_fix_the_width() -> None:
     assert rig.sim.last_output.num_spec_tokens_to_schedule == 2  # k=3 rounded down to the width set
 
 
-def test_static_config_keeps_the_engine_width_and_steps_report_it() -> None:
-    rig = Rig(GRAPH, correct={"json": 7})
-    rig.add("a", "json")
-    rig.add("b", "json")
-    widths_seen(rig, 5)
-    assert rig.sim.last_output.num_spec_tokens_to_schedule == 7
-    rows = [protocol.StepRecord.model_validate(row_to_wire(r)) for r in rig.queue.drain(100)]
-    decode = [r for r in rows if r.prefill_tokens == 0 and r.draft_tokens]
-    assert decode and all(r.width == 7 and r.draft_tokens == 7 * r.batch_size for r in decode)
+def _rule_width(**categories: CP) -> int:
+    """The width the engine's rule picks for a step of 6 json and 2 prose requests under these rules."""
+    rig = Rig(GRAPH)
+    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), **categories)
+    chooser = WidthChooser(GRAPH.graph_widths, GRAPH.k_max, explore_every=0)
+    return chooser.choose({"json": 6, "prose": 2}, rig.holder.current(rig.clock()), 8)
 
 
-#: One bucket where K = 2 has 3 measured steps and every other width thousands: exploration's target.
-EXPLORE_ROW = protocol.StepCells(batch_edges=[512], widths=[0, 1, 2, 4, 7],
-                                 step_s=[[5e-3, 5.6e-3, 6.2e-3, 7.2e-3, 9.5e-3]], steps=[[1e4, 1e4, 3.0, 1e4, 1e4]])
+CAPPED = {"json": CP(k=7, expected=HIGH), "prose": CP(k=7, expected=LOW)}  # what the controller sends: k_max
+
+
+@pytest.mark.parametrize(("rules", "width"), [
+    # the engine owns the width: a k the policy sends is no width, whatever it says
+    (CAPPED, None),
+    ({"json": CP(k=0, expected=HIGH), "prose": CP(k=2, expected=LOW)}, None),
+    ({"json": CP(k=4, expected=HIGH), "prose": CP(k=0, expected=LOW)}, None),
+    # an operator's k pins the width where it covers every category of the step (the largest, in the width set)
+    ({"json": CP(k=7, expected=HIGH, source="override"), "prose": CP(k=1, expected=LOW, source="override")}, 7),
+    ({"json": CP(k=3, expected=HIGH, source="override"), "prose": CP(k=0, expected=LOW, source="override")}, 2),
+    ({"json": CP(k=0, expected=HIGH, source="override"), "prose": CP(k=0, expected=LOW, source="override")}, 0),
+    # one category's override caps what it is credited: the rule still picks, here plain
+    ({"json": CP(k=0, expected=HIGH, source="override"), "prose": CP(k=7, expected=LOW)}, 0),
+])
+def test_the_engine_s_rule_owns_the_width_and_only_an_operator_pins_it(rules, width) -> None:
+    free = _rule_width(**CAPPED)
+    assert free == 4  # cheap cells and mostly json: the rule drafts (a width none of the pins below runs)
+    assert _rule_width(**rules) == (free if width is None else width)
 
 
 @pytest.mark.parametrize(("curve", "model_width", "period"), [
@@ -143,20 +102,6 @@ def test_steps_that_cannot_be_measured_neither_explore_nor_count(monkeypatch) ->
     assert chooser.explored == 0
     chosen = [chooser.choose({"json": 1}, table, 1) for _ in range(50)]
     assert chosen.count(2) == 1 == chooser.explored  # the 50th measurable step, not the 550th step
-
-
-@pytest.mark.parametrize(("joins_every_step", "explored"), [(False, True), (True, False)])
-def test_the_hook_explores_only_after_decode_only_steps(monkeypatch, joins_every_step: bool, explored: bool) -> None:
-    monkeypatch.setattr(widths_module, "PROBE_GAIN_UNIT", float("inf"))  # explore once in 50, whatever the gain
-    rig = Rig(GRAPH, correct={"json": 7})
-    install(rig, EXPLORE_ROW, json=CP(k=4, expected=HIGH))
-    for i in range(4):
-        rig.add(f"a{i}", "json", max_tokens=400)
-    for i in range(150):
-        if joins_every_step:
-            rig.add(f"n{i}", "json", max_tokens=400)  # every step schedules a new request's prompt
-        rig.sim.step()
-    assert (rig.hook.widths.explored > 0) is explored
 
 
 def test_budget_meter_measures_full_steps_and_prompt_tokens_per_committed_token() -> None:
@@ -259,6 +204,8 @@ def test_the_chooser_prices_widths_with_the_measured_step_cost_where_the_budget_
 #: The H200 at 256 requests, session 8's undecayed fit of its own steps: full steps of 53.8 ms, a_K = 8.8 +
 #: 9.45 K ms, 2 prompt tokens per committed token.
 H200_FULL_S, H200_A0, H200_P, H200_RHO = 2048 / 38081, 8.8e-3, 9.45e-3, 2.0
+
+
 PROSE_045 = list(geometric_lengths(0.45, 7))
 
 
@@ -397,21 +344,6 @@ def test_steady_exploration_runs_time_a_width_past_the_switch(monkeypatch, curve
         assert budget is not None and budget.fixed_for(0) == pytest.approx(6e-3, abs=2e-3)
 
 
-def test_the_hook_feeds_the_budget_meter_from_its_steps() -> None:
-    rig = Rig(GRAPH, correct={"json": 7})
-    rig.hook.widths.budget = BudgetMeter(8)  # 4 requests at any width above 1 fill 8 tokens
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    for i in range(4):
-        rig.add(f"a{i}", "json", max_tokens=400)
-    for _ in range(60):
-        rig.clock.t += 0.01  # back-to-back steps: each has an interval
-        rig.sim.step()
-    budget = rig.hook.widths.budget.current()
-    assert budget is not None and budget.tokens == 8
-    assert budget.capacity == pytest.approx(8 / 0.01)
-    assert 0 <= budget.rho < 1  # prompts only in the first steps; then every step commits
-
-
 def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
     chooser = WidthChooser((0, 1, 2, 4, 7), 7)
     rig = Rig(GRAPH)
@@ -424,229 +356,6 @@ def test_fast_acceptance_moves_the_curve_within_its_weight_cap() -> None:
         chooser.observe({("json", "eagle3"): tally})
     blended = chooser.curve("json", table)
     assert blended[7] < HIGH[7] and blended[7] >= 0.5 * HIGH[7] + 0.5 * 1.0 - 1e-9
-
-
-def test_overhead_share_counts_busy_steps_by_their_interval() -> None:
-    from specctl_vllm.engine_patch.hook import HookStats
-
-    stats = HookStats()
-    assert stats.overhead_line() == "hook no steps; at batch >= 128: no steps"
-    stats.record_busy(4, 10_000, 0.005, 5_000)  # 10 us of hook (5 us of its thread's CPU) in a 5 ms step
-    stats.record_busy(256, 100_000, 0.025, 50_000, [40_000, 20_000, 30_000, 10_000], 12_000)
-    assert stats.overhead_line() == (
-        "hook 0.37 % of 2 steps (thread CPU 0.18 %); at batch >= 128: 0.40 % of 1 steps (thread CPU 0.20 %); "
-        "us per step there: before 40, after 20 (width rule 12), observe 30, finish 10")
-
-
-@pytest.mark.parametrize("engine_loop", [False, True])
-def test_hook_charges_each_section_its_wall_and_thread_cpu_time(engine_loop: bool) -> None:
-    """Each section reads both clocks once at its start and once at its end: on a wall clock that ticks 1 us
-    and a thread-CPU clock that ticks 0.5 us per read, every section of a busy large step costs one tick (after
-    three: it also times the width rule). Drafts counted in vLLM's loop run outside every section: each call is
-    charged to observe (and to thread CPU) at the price measured at start-up, here 700 ns."""
-    from itertools import count
-
-    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=engine_loop)
-    cpu = count(0, 500)
-    rig.hook.cpu_ns = lambda: next(cpu)
-    rig.hook.cpu_sample_every = 1  # every step reads the thread-CPU clock
-    rig.hook.spec_call_ns = 700.0
-    calls: list[str] = []
-    counting = rig.sim._counting_call()
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls.append(str(kwargs["request_id"]))
-        return counting(*args, **kwargs)
-
-    rig.sim._count = counted
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    for i in range(130):
-        rig.add(f"j{i}", "json")
-    seen = widths_seen(rig, 6)
-    stats = rig.hook.stats
-    steps = stats.busy_large[0]
-    assert steps >= 4
-    # the steps after the first (prefill) one draft for every request; all but the first step are busy steps
-    spec_ticks = 700 * len(calls) if engine_loop else 0
-    assert (len(calls) > 0) == engine_loop and all(seen[1:])
-    # the after section reads the wall clock twice more around the width rule: one tick of its three
-    assert stats.sections_large == [1_000 * steps, 3_000 * steps, 1_000 * steps + spec_ticks, 1_000 * steps]
-    assert stats.rule_large_ns == 1_000 * steps
-    assert stats.busy_large[3] == 4 * 500 * steps + spec_ticks
-
-
-def test_the_thread_cpu_clock_is_read_on_one_step_in_cpu_sample_every_and_its_share_is_over_those_steps() -> None:
-    """The thread-CPU clock (a system call) is read by the sections of every CPU_SAMPLE_EVERY-th step only; the
-    logged thread-CPU share is their CPU over their own intervals, and the wall share still counts every step."""
-    from specctl_vllm.engine_patch.hook import CPU_SAMPLE_EVERY, HookStats
-
-    assert CPU_SAMPLE_EVERY > 1
-    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=True)
-    reads: list[int] = []
-    rig.hook.cpu_ns = lambda: (reads.append(rig.hook._cpu_ticks), 1_000 * len(reads))[1]
-    rig.hook.cpu_sample_every = 4
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    for i in range(8):
-        rig.add(f"j{i}", "json", max_tokens=200)
-    widths_seen(rig, 12)
-    # 12 steps, of which 0, 4 and 8 sample: each of their four sections reads the clock at its start and end
-    assert len(reads) == 3 * 4 * 2 and [t for t in reads[::8]] == [1, 5, 9]
-    stats = HookStats()
-    stats.record_busy(4, 10_000, 0.005, 5_000)  # sampled: 5 us of CPU in a 5 ms step
-    stats.record_busy(4, 10_000, 0.005, 0, cpu_sampled=False)  # its CPU not read
-    assert stats.overhead_line().startswith("hook 0.20 % of 2 steps (thread CPU 0.10 %)")
-    unsampled = HookStats()
-    unsampled.record_busy(4, 10_000, 0.005, 0, cpu_sampled=False)
-    assert unsampled.overhead_line().startswith("hook 0.20 % of 1 steps (thread CPU not sampled)")
-
-
-def test_graph_shaped_steps_do_not_adapt_a_requests_own_k() -> None:
-    """Every request verifies the step's width, so a rejected request keeps its rule's k and every step still
-    verifies one width for all (on a per-request engine the same rejections drop its k to 0 at once)."""
-    from specctl_vllm.engine_patch.hook import STATE_ATTR
-
-    rig = Rig(GRAPH, correct={"chat": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), chat=CP(k=4, expected=HIGH,
-                                                       adapt=protocol.AdaptRule(k_min=0, k_max=7)))
-    requests = [rig.add(f"c{i}", "chat", max_tokens=60) for i in range(4)]
-    seen = widths_seen(rig, 10)
-    assert all(len(s) <= 1 for s in seen)
-    state = getattr(requests[0], STATE_ATTR)
-    assert not state.adaptive and state.adapt.k == 4
-
-
-def step_counts(rig: Rig) -> list[dict[str, tuple[int, dict[int, list[int]]]]]:
-    """Per queued step: category -> (request steps, drafted -> accepted histogram), summed over methods."""
-    out = []
-    for row in rig.queue.drain(100_000):
-        record = protocol.StepRecord.model_validate(row_to_wire(row))  # every row is a valid StepRecord
-        per: dict[str, tuple[int, dict[int, list[int]]]] = {}
-        for cat in record.categories:
-            requests, hists = per.get(cat.category, (0, {}))
-            for h in cat.hists:
-                merged = hists.setdefault(h.k, [0] * (h.k + 1))
-                hists[h.k] = [a + b for a, b in zip(merged, h.accepted)]
-            per[cat.category] = (requests + cat.requests, hists)
-        out.append(per)
-    return out
-
-
-def recording(observe, into: list) -> object:
-    """The meter's ``observe``, noting each step's (batch, width, committed tokens) first."""
-
-    def call(batch: int, width: int, committed: int, *rest: object) -> None:
-        into.append((batch, width, committed))
-        observe(batch, width, committed, *rest)
-
-    return call
-
-
-def test_drafts_counted_in_vllms_loop_match_the_patchs_own_pass() -> None:
-    """The two ways a graph-shaped step is counted give the same request steps and the same histograms, step
-    by step and per category, with grammar-invalid drafts, requests that finish and join, and width changes."""
-    runs = []
-    for engine_loop in (False, True):
-        rig = Rig(GRAPH, correct={"json": 7, "prose": 1, "code": 3}, engine_loop=engine_loop)
-        install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW),
-                code=CP(k=4, expected=list(geometric_lengths(0.6, 7))))
-        rig.sim.invalid = lambda rid, spec: 1 if rid.startswith("c") and len(spec) > 2 else 0
-        metered: list[tuple[int, int, int]] = []  # what the engine thread read from each step: the meter's input
-        rig.hook.widths.measured.observe = recording(rig.hook.widths.measured.observe, metered)
-        for i in range(12):
-            rig.add(f"{'jpc'[i % 3]}{i}", ("json", "prose", "code")[i % 3], max_tokens=20 + 3 * i)
-        truths = [rig.sim.step() for _ in range(30)]
-        for i in range(6):  # late joiners: their prefill steps verify no drafts
-            rig.add(f"late{i}", "json", max_tokens=15)
-        truths += [rig.sim.step() for _ in range(30)]
-        table = rig.holder.current(rig.clock())
-        curves = [rig.hook.widths.curve(c, table) for c in ("json", "prose", "code")]  # the fast timescale's
-        runs.append((step_counts(rig), truths, metered, curves))
-    (passed, truths, passed_metered, passed_curves), (looped, _, looped_metered, looped_curves) = runs
-    assert looped == passed
-    assert looped_metered == passed_metered and len(looped_metered) >= 20
-    assert looped_curves == [pytest.approx(curve) for curve in passed_curves]
-    assert looped_curves[0] != looped_curves[1]  # json and prose accept differently: the curves are fed
-    drafted = sum(n for step in looped for _, hists in step.values() for counts in hists.values() for n in counts)
-    assert drafted == sum(t.drafts for t in truths) > 0
-
-
-def test_an_engine_loop_step_leaves_its_histograms_to_the_reporter() -> None:
-    """The engine thread reads the packed codes once (the fast sums, the committed tokens) and queues them as they
-    are: the row's own aggregate holds no drafted histogram, its packed codes hold every drafted request, and
-    the reporter's read of the row unfolds them."""
-    rig = Rig(GRAPH, correct={"json": 7, "prose": 1}, engine_loop=True)
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=4, expected=HIGH))
-    for i in range(8):
-        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=30)
-    truths = [rig.sim.step() for _ in range(12)]
-    rows = rig.queue.drain(100)
-    drafted_rows = [row for row in rows if row.draft_tokens]
-    assert len(drafted_rows) >= 8
-    for row in drafted_rows:
-        assert row.packed is not None and all(not e.hists for e in row.agg.values())
-        unfolded = step_aggregate(row)
-        assert sum(row.packed.codes.values()) == sum(e.requests for e in unfolded.values()
-                                                     if e.hists) == row.batch_size
-    drafted_requests = sum(n for row in rows for e in step_aggregate(row).values()
-                           for counts in e.hists.values() for n in counts)
-    assert drafted_requests == sum(t.drafts for t in truths)
-
-
-def test_the_key_table_resolves_a_request_it_lost_and_stays_bounded() -> None:
-    """Drafted requests are tallied by a request id -> category table: a request missing from it (resumed after
-    the table dropped it) is resolved from vLLM's request and counted as before (the table only drops ids vLLM
-    no longer holds, so in vLLM's loop only a request freed in the very step it was dropped could be missed);
-    the table never holds more than vLLM's live requests plus the slack, however many have come and gone."""
-    from specctl_vllm.engine_patch.hook import KEYS_SLACK
-
-    def run(forget: bool) -> list:
-        rig = Rig(GRAPH, correct={"json": 7, "prose": 1}, engine_loop=True)
-        install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-        for i in range(8):
-            rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=60)
-        for n in range(12):
-            if forget and n in (4, 8):  # twice: the second time the table must still hand over its misses
-                rig.hook.keys.clear()
-            rig.sim.step()
-        return step_counts(rig)
-
-    assert run(forget=True) == run(forget=False)
-
-    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=True)
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    most = 0
-    for wave in range(40):  # 40 waves of 8 short requests: 320 ids seen
-        for i in range(8):
-            rig.add(f"w{wave}-{i}", "json", max_tokens=4)
-        for _ in range(4):
-            rig.sim.step()
-            live = sum(1 for r in rig.sim.requests.values() if not r.is_finished())
-            most = max(most, len(rig.hook.keys) - live)
-    assert 0 < most <= KEYS_SLACK + 8
-
-
-def test_a_drafted_request_vllm_no_longer_holds_is_left_out_without_error() -> None:
-    rig = Rig(GRAPH, correct={"json": 7}, engine_loop=True)
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    rig.add("a", "json", max_tokens=30)
-    for _ in range(3):
-        rig.sim.step()
-    count = rig.sim._counting_call()
-    real = rig.sim._counting_call
-
-    def with_a_stranger():
-        def calls(*args, **kwargs):
-            count(None, num_draft_tokens=7, num_accepted_tokens=3, num_invalid_spec_tokens=None,
-                  request_id="gone")
-            return count(*args, **kwargs)
-        return calls
-
-    rig.sim._counting_call = with_a_stranger
-    rig.sim.step()
-    rig.sim._counting_call = real
-    rows = rig.queue.drain(100)
-    assert rows[-1].batch_size == 1 and sum(e.requests for e in step_aggregate(rows[-1]).values()) == 1
-    assert rig.sim.counting_failures == [] and "gone" not in rig.hook.keys
 
 
 @pytest.mark.parametrize(
@@ -723,33 +432,6 @@ def test_a_new_table_recomputes_the_width_at_once() -> None:
                            step_cells=cells([23.0, 45.0, 60.0, 95.0, 160.0]))  # every width dear
     rig.holder.install(dear, rig.clock())
     assert chooser.choose({"json": 200}, rig.holder.current(rig.clock()), 200) == 0
-
-
-@pytest.mark.parametrize("resolved", [True, False])
-def test_the_batch_pass_pads_and_counts_alike_on_its_fast_and_its_slow_path(resolved: bool) -> None:
-    """Every request resolved under the current table takes the C passes; one that is not (a new table) takes
-    the loop: either way drafts end at exactly the step's width (cut, or padded with vLLM's -1), a request
-    without drafts keeps none, and the mix counts the batch per category."""
-    from specctl_vllm.engine_patch.hook import STATE_ATTR
-
-    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(6):
-        rig.add(f"r{i}", ("json", "prose")[i % 2])
-    widths_seen(rig, 3)
-    running = rig.sim.running
-    if not resolved:
-        getattr(running[0], STATE_ATTR).gen = -5  # as after a new table: this request resolves again
-    width = rig.hook.widths.width
-    assert width >= 2  # json's high acceptance on cheap cells: a width to cut to and to pad to
-    drafts = [[1] * (width + 2), [2] * max(width - 1, 1), [], [3] * width, [4], [5] * (width + 1)]
-    for request, spec in zip(running, drafts):
-        request.spec_token_ids = list(spec)
-    rig.hook.before_schedule(running)
-    for request, spec in zip(running, drafts):
-        want = [] if not spec else (spec + [-1] * width)[:width] if len(spec) < width else spec[:width]
-        assert request.spec_token_ids == want
-    assert rig.hook._next.mix == {"json": 3, "prose": 3}
 
 
 class PromptEngine:
@@ -873,53 +555,6 @@ def test_a_probe_of_plain_waits_longer_the_more_the_model_expects_from_drafting(
     assert low <= chosen.index(0) <= high
 
 
-def test_steps_that_mostly_run_prompt_chunks_stay_out_of_the_measured_check() -> None:
-    """A burst of arrivals (an engine's first seconds, a load step) gives steps that run mostly prompt chunks: they
-    commit next to nothing whatever the width, and with few drafts they would read as K = 0 steps and make plain
-    decoding look slow (the H200's second pass in session 12: its first steps at 2000 prompt tokens each). Such a
-    step is left out; the decode steps around it count."""
-    rig = Rig(GRAPH, correct={"json": 7})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH))
-    meter = rig.hook.widths.measured
-
-    def steps(n: int) -> None:
-        for _ in range(n):
-            rig.clock.t += 0.01  # back to back: every step after the first is timed
-            rig.sim.step()
-
-    for i in range(2):
-        rig.add(f"a{i}", "json", max_tokens=400)
-    steps(6)
-    before = meter.clock
-    assert before == 5  # the first step had no previous one to be timed from
-    for i in range(8):  # eight prompts of 40 tokens beside two decoding requests
-        rig.add(f"b{i}", "json", prompt=list(range(100, 140)), max_tokens=400)
-    steps(1)
-    assert meter.clock == before  # the burst's step: 8 of 10 requests in prefill
-    steps(5)
-    assert meter.clock == before + 5
-
-
-
-def test_the_hook_measures_each_step_with_the_mix_the_width_rule_priced() -> None:
-    """The engine's measured check is fed each step's category shares, as the width rule priced the step."""
-    rig = Rig(GRAPH, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(3):
-        rig.add(f"j{i}", "json", max_tokens=400)
-    rig.add("p0", "prose", max_tokens=400)
-    for _ in range(40):
-        rig.clock.t += 0.01
-        rig.sim.step()
-    meter, chooser = rig.hook.widths.measured, rig.hook.widths
-    got = meter.reading(4, chooser.width)
-    assert got.steps > 0
-    total = sum(got.mix.values())
-    assert {c: w / total for c, w in got.mix.items()} == pytest.approx({"json": 0.75, "prose": 0.25})
-    assert chooser.measured_mix() == pytest.approx({"json": 0.75, "prose": 0.25})
-    assert chooser.expected_at(0) == 1.0
-
-
 def test_a_new_belief_about_a_category_does_not_move_what_was_measured() -> None:
     """The measurement met the category's real acceptance: when the controller's curve for it moves (a cold
     start learning), the reading stays; only a change of mix moves it."""
@@ -945,108 +580,6 @@ def test_a_new_belief_about_a_category_does_not_move_what_was_measured() -> None
     e = {b: sum(b ** i for i in range(5)) for b in (0.85, 0.45)}
     assert chooser.measured.reading(64, 4, chooser._transfer(4, table)).goodput == pytest.approx(
         read * (e[0.85] + e[0.45]) / 2 / e[0.85], rel=1e-3)
-
-def _count_batch_passes(monkeypatch) -> list[int]:
-    """Steps (by their number in the run) whose before_schedule passed over the batch's requests."""
-    from specctl_vllm.engine_patch import hook as hook_module
-
-    passes: list[int] = []
-    real = hook_module.SpecHook._before_graph_step
-
-    def spy(self, running, table, step):
-        real(self, running, table, step)
-        if step.batch_pass:
-            passes.append(self.stats.steps)
-
-    monkeypatch.setattr(hook_module.SpecHook, "_before_graph_step", spy)
-    return passes
-
-
-@pytest.mark.parametrize(("async_mode", "passes"), [(True, 3), (False, 24)])
-def test_a_steady_async_batch_is_passed_over_once_in_batch_pass_every_steps(monkeypatch, async_mode, passes) -> None:
-    """Under async scheduling vLLM sizes every request's placeholder drafts from the width the patch set, so once
-    a pass finds the batch at the width, the next BATCH_PASS_EVERY - 1 steps reuse its counts; a synchronous
-    engine hands back drafts of any length, so there every step passes."""
-    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY
-
-    seen = _count_batch_passes(monkeypatch)
-    rig = Rig(GRAPH, async_mode=async_mode, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(12):
-        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
-    widths = widths_seen(rig, 8)
-    seen.clear()
-    widths += widths_seen(rig, 3 * BATCH_PASS_EVERY)
-    assert len(seen) == passes
-    assert all(len(s) <= 1 for s in widths)  # every step uniform: the reused steps too
-
-
-@pytest.mark.parametrize("change", ["table", "batch", "off_width"])
-def test_a_reused_mix_gives_way_to_a_pass_as_soon_as_its_inputs_change(monkeypatch, change) -> None:
-    """A new policy table, a batch that grew by more than an eighth, or a pass that had drafts to cut or pad:
-    the next step passes over the batch again."""
-    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY
-
-    seen = _count_batch_passes(monkeypatch)
-    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(16):
-        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
-    widths_seen(rig, BATCH_PASS_EVERY + 1)
-    while rig.hook._pass_reuses_left != BATCH_PASS_EVERY - 1:  # the step after a pass that found the batch at width
-        widths_seen(rig, 1)
-    seen.clear()
-    widths_seen(rig, 1)
-    assert seen == []  # a reused step
-    if change == "table":
-        install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=1, expected=LOW))
-    elif change == "batch":
-        for i in range(3):  # 16 -> 19 requests: more than an eighth
-            rig.add(f"n{i}", "json", max_tokens=2000)
-        widths_seen(rig, 1)  # the step that admits them still reuses; they join the running list after it
-        seen.clear()
-    else:
-        rig.hook._pass_reuses_left = 0  # the next step passes; give it a request off the width
-        rig.sim.running[0].spec_token_ids = [1] * (rig.hook.widths.width + 1)
-        widths_seen(rig, 1)
-        assert len(seen) == 1 and rig.hook._pass_reuses_left == 0  # it cut the drafts: no reuse after it
-        seen.clear()
-    widths_seen(rig, 1)
-    assert len(seen) == 1
-
-
-def test_a_reused_step_counts_the_requests_it_admits(monkeypatch) -> None:
-    """Between passes the width rule sees the last pass's requests per category plus the step's admitted ones."""
-    mixes: list[dict[str, int]] = []
-    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    real = rig.hook.widths.choose
-    monkeypatch.setattr(rig.hook.widths, "choose", lambda mix, *a, **k: mixes.append(dict(mix)) or real(mix, *a, **k))
-    for i in range(16):
-        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=2000)
-    widths_seen(rig, 10)
-    while rig.hook._pass_reuses_left < 2:
-        widths_seen(rig, 1)
-    rig.add("new", "code", max_tokens=2000)
-    widths_seen(rig, 1)
-    assert mixes[-1] == {"json": 8, "prose": 8, "code": 1}
-
-
-def test_steps_between_passes_never_report_more_requests_than_they_ran() -> None:
-    """Requests finish and join between two passes: the reused counts may hold departed requests, but a step's
-    telemetry counts each of its requests once, per category, never more than its batch."""
-    rig = Rig(GRAPH, async_mode=True, correct={"json": 7, "prose": 0})
-    install(rig, cells([5.0, 5.6, 6.2, 7.2, 9.5]), json=CP(k=4, expected=HIGH), prose=CP(k=0, expected=LOW))
-    for i in range(24):
-        rig.add(f"r{i}", ("json", "prose")[i % 2], max_tokens=8 + 3 * i)  # finishing at different steps
-    for step in range(60):
-        if step % 3 == 0:
-            rig.add(f"n{step}", ("json", "prose")[step % 2], max_tokens=30)
-        rig.sim.step()
-    rows = rig.queue.drain(1000)
-    assert len(rows) >= 50
-    for row in rows:
-        assert sum(e.requests for e in step_aggregate(row).values()) == row.batch_size
 
 
 def run_shift(chooser: WidthChooser, table, before: int, after: int) -> tuple[list[int], float, float]:
@@ -1174,55 +707,3 @@ def test_the_curves_of_a_cells_other_categories_are_resolved_once_per_re_blend(m
         chooser.verdict = None
     assert verdicts == widths_module.CURVE_REFRESH_STEPS - 1  # a verdict, and a transfer, on every step
     assert sorted(resolved) == ["code", "json", "prose"]
-
-
-def test_a_repriced_policy_keeps_the_batch_pass_and_the_requests_rules_a_new_rule_does_not(monkeypatch) -> None:
-    """The controller's learning bumps the policy version when only the cells or the curves move (a few
-    times a second at 256 requests on the H200): the width rule computes again on the next step, but the
-    requests keep their resolved rules and the next step reuses the last batch pass. A new rule resolves
-    every request again and passes over the batch."""
-    from specctl_vllm.engine_patch import widths as chooser_module
-    from specctl_vllm.engine_patch.hook import BATCH_PASS_EVERY, STATE_ATTR
-
-    computed: list[int] = []
-    real_rule = chooser_module.choose_width
-
-    def counted_rule(*args, **kwargs):
-        computed.append(rig.sim.last_output is not None)
-        return real_rule(*args, **kwargs)
-
-    monkeypatch.setattr(chooser_module, "choose_width", counted_rule)
-    rig = Rig(GRAPH, async_mode=True, correct={"json": 7})
-    hook = rig.hook
-
-    def policy(version: int, k: int, step_ms: list[float]) -> protocol.Policy:
-        return protocol.Policy(version=version, issued_at=0.0, ttl_s=60.0, default=CP(k=4),
-                               categories={"json": CP(k=k, expected=HIGH)}, step_cells=cells(step_ms))
-
-    rig.holder.install(policy(1, 4, [5.0, 5.6, 6.2, 7.2, 9.5]), rig.clock())
-    for i in range(8):
-        rig.add(f"r{i}", "json", max_tokens=400)
-    widths_seen(rig, 4)  # prompts done, drafts at the width
-    for _ in range(40):  # until a pass has just been made: the next steps reuse it
-        rig.sim.step()
-        if hook._pass_reuses_left == BATCH_PASS_EVERY - 1:
-            break
-    assert hook._pass_reuses_left == BATCH_PASS_EVERY - 1
-    states = [getattr(r, STATE_ATTR) for r in rig.sim.running]
-    resolved_under = {s.gen for s in states}
-    passed_under = hook._pass_generation
-
-    rig.holder.install(policy(2, 4, [5.0, 5.7, 6.3, 7.4, 9.9]), rig.clock())  # repriced: same rules
-    computed.clear()
-    rig.sim.step()
-    assert computed  # the width rule saw the new cells at once
-    assert hook._pass_reuses_left == BATCH_PASS_EVERY - 2  # the step reused the pass
-    assert hook._pass_generation == passed_under
-    assert {s.gen for s in states} == resolved_under
-
-    rig.holder.install(policy(3, 2, [5.0, 5.7, 6.3, 7.4, 9.9]), rig.clock())  # json's rule changed
-    rig.sim.step()
-    table = rig.holder.current(rig.clock())
-    assert hook._pass_generation == table.rules_generation != passed_under
-    assert {s.gen for s in states} == {table.rules_generation}
-    assert {s.rule.k for s in states} == {2}

@@ -205,16 +205,16 @@ def graph_curves() -> dict[str, tuple[float, ...]]:
 
 
 def graph_via_policy(width: int, batch: int) -> tuple[float, int]:
-    """The decision's goodput at ``width``: its own figure where it chose that width, else its goodput-table row
-    (every category's rows are the batch's; rounded to 3 decimals), and the width it chose."""
+    """The decision's goodput at ``width``: its own figure where it forecasts that width, else its goodput-table
+    row (every category's rows are the batch's; rounded to 3 decimals), and the width it forecasts."""
     cats = tuple(CategoryInput(name, batch * s, (MethodProfile(ENGINE, eng, 1e4, False, False),))
                  for name, (s, _, eng, _) in CATEGORIES.items())
     snap = PolicySnapshot(categories=cats, pooled=(), batch_size=float(batch), extra_tokens=0.0, cost=H200,
                           k_max=K_MAX, engine_method=ENGINE, methods=(ENGINE,))
     d = graph.decide(snap, graph_view(), graph_curves(), geometric_lengths(COLD_BETA, K_MAX))
     row = next(r for r in d.categories[0].table if r.k == width)
-    assert all(c.k == d.default.k for c in d.categories)
-    return (d.goodput if width == d.default.k else row.goodput), d.default.k
+    assert all(c.k == d.default.k == K_MAX for c in d.categories)  # the cap: the engine's rule picks the width
+    return (d.goodput if width == d.width else row.goodput), d.width
 
 
 def graph_via_replay(width: int, batch: int) -> float:

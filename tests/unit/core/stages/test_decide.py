@@ -1,5 +1,6 @@
-"""The decide stage: a graph-shaped engine's decision is the width its own rule picks from the cells and curves
-it is sent (every category, the table rows from the cells); a per-request engine's is the goodput policy's."""
+"""The decide stage: a graph-shaped engine's decision caps every category at k_max and forecasts the width the
+engine's own rule picks from the cells and curves it is sent (the table rows from the cells); a per-request
+engine's is the goodput policy's."""
 
 from __future__ import annotations
 
@@ -45,8 +46,17 @@ CASES = {
 }
 
 
+def forecast(b: Brain) -> int:
+    """The width the graph policy forecasts the engine's rule to pick (its decision, as served)."""
+    got, problem = decide.compute(b._models["m"], b._engines["e1"], GRAPH, NOW, None, b.config, b._preset)
+    assert problem is None
+    return got.width
+
+
 @pytest.mark.parametrize("step_s", CASES.values(), ids=CASES.keys())
-def test_graph_engine_gets_the_width_choose_width_picks_from_what_it_is_sent(step_s) -> None:
+def test_graph_engine_gets_the_rule_s_inputs_under_a_cap_and_the_forecast_is_the_rule_s_pick(step_s) -> None:
+    """The engine owns each step's width: the policy caps every category at k_max with the engine's drafter
+    (whatever the width), sends the cells and curves, and reports the width choose_width picks from them."""
     b = fed(GRAPH, step_s)
     policy = b.policy_for("m", GRAPH, NOW, engine_id="e1")
     cells = policy.step_cells
@@ -54,12 +64,18 @@ def test_graph_engine_gets_the_width_choose_width_picks_from_what_it_is_sent(ste
     i = bucket_of(16, cells.batch_edges)
     want = choose_width(MIX, curves, cells.widths, cells.step_s[i], cells.steps[i],
                         geometric_lengths(COLD_BETA, GRAPH.k_max)).width
-    assert {c: p.k for c, p in policy.categories.items()} == {"json": want, "prose": want}
-    assert policy.default.k == want
-    assert all(p.method == ("engine" if want else "off") and p.source == "policy" for p in policy.categories.values())
+    cap = GRAPH.k_max
+    assert {c: (p.k, p.adapt.k_min, p.adapt.k_max) for c, p in policy.categories.items()} == {
+        "json": (cap, cap, cap), "prose": (cap, cap, cap)}
+    assert policy.default.k == cap
+    assert all(p.method == "engine" and p.source == "policy" for p in policy.categories.values())
+    assert forecast(b) == want
     for name in MIX:
         view = b.category(name, NOW).decision
-        assert view.k == want and view.reason.startswith(f"graph-shaped engine: width {want} from the cell table")
+        assert view.k == cap and view.width == want
+        assert view.reason.startswith(f"graph-shaped engine: its width rule picks each step's width, up to {cap}; "
+                                      f"at batch 16 it is forecast to pick {want} from the cell table")
+        assert view.expected_committed == pytest.approx(curves[name][want], abs=1e-4)
         table = view.goodput_table
         assert [r["k"] for r in table] == GRAPH.graph_widths  # rows for the engine's widths only
         for j, r in enumerate(table):
@@ -71,12 +87,20 @@ def test_graph_engine_gets_the_width_choose_width_picks_from_what_it_is_sent(ste
         assert max(table, key=lambda r: r["goodput_tokens_per_s"])["k"] == want or want == 0
 
 
-def test_chosen_widths_differ_across_the_cases() -> None:
-    """The cases above exercise plain, the widest and a middle width (else they would test one branch)."""
-    picked = set()
+def test_forecast_widths_differ_across_the_cases_and_the_rules_sent_do_not() -> None:
+    """The cases above exercise plain, the widest and a middle width (else they would test one branch); the
+    rules the engine acts on are the same in all three, so a forecast that moves makes no new rules version
+    at the engine (only the cells and curves move)."""
+    from specctl_vllm.controller.core.stages.wire import content
+
+    picked, rules = set(), set()
     for step_s in CASES.values():
-        picked.add(fed(GRAPH, step_s).policy_for("m", GRAPH, NOW, engine_id="e1").default.k)
+        b = fed(GRAPH, step_s)
+        policy = b.policy_for("m", GRAPH, NOW, engine_id="e1")
+        picked.add(forecast(b))
+        rules.add((content(policy.default), tuple(sorted((c, content(p)) for c, p in policy.categories.items()))))
     assert 0 in picked and 7 in picked and len(picked) == 3
+    assert len(rules) == 1
 
 
 def test_per_request_engine_decision_is_the_goodput_policy_s() -> None:
