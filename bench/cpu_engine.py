@@ -13,7 +13,7 @@ chat endpoint, closed loop at concurrency 8 and 1. Side by side in one run, each
   k=N            plain vLLM, static n-gram N in {1,2,3,4,6,8} (vLLM's own config, one engine per N)
   batch_table    plain vLLM, ``num_speculative_tokens_per_batch_size`` = best static k at batch 1 for
                  batch 1 and best static k at concurrency 8 above (tuned in hindsight from the k=N runs)
-  ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/ema_tiers.py) driving
+  ema_tiers      patched engine, SGLang's acceptance-EMA tiers (controller/core/offline/ema_tiers.py) driving
                  per-category overrides of its own controller (bench/cpu/ema_driver.py)
   oracle-*       patched engine, per-category (drafter, k) pinned through the overrides API, chosen after
                  the fact (bench/cpu/oracle.py); the oracle is the best per-category static config measured
@@ -67,8 +67,8 @@ from bench.support import controller_api
 from bench.support.specctl_serve import ADMIN_TOKEN
 from bench.support.workload import CATEGORIES
 from specctl_vllm.controller import replay_cli
-from specctl_vllm.controller.core import replay as replay_core
-from specctl_vllm.controller.core import token_traces
+from specctl_vllm.controller.core.offline import replay as replay_core
+from specctl_vllm.controller.core.offline import token_traces
 
 RESULTS = ROOT / "bench" / "results"
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -399,7 +399,7 @@ class Bench:
         static_recs = [r for n, ph in self.records.items() if oracle.static_k(n) or n == "batch_table"
                        for p in ph.values() for r in p.records]
         if ref and static_recs:
-            from specctl_vllm.controller.proposers import propose_suffix
+            from specctl_vllm.kernel.proposers import propose_suffix
 
             trs = traces.request_traces(ref[max(ref)].records)
             doc = traces.sim_trace(static_recs, trs, propose_suffix, engines.K_MAX,

@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bench.support.specctl_serve import INGEST_TOKEN, SpecctlServe
 from bench.support.workload import CATEGORIES
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.reporter import Identity, Reporter
 from specctl_vllm.engine_patch.settings import EngineSettings
@@ -41,6 +40,7 @@ from specctl_vllm.engine_patch.telemetry import (
     add_draft,
     new_entry,
 )
+from specctl_vllm.kernel import protocol
 
 RESULTS = ROOT / "bench" / "results" / "reporter_cost.json"
 INTERVALS = (0.1, 0.25, 0.5, 1.0)

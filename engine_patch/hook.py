@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.graph_steps import GraphSteps
 from specctl_vllm.engine_patch.hook_stats import CPU_SAMPLE_EVERY, HookStats, Step, no_cpu
 from specctl_vllm.engine_patch.model_free import ModelFree
@@ -54,6 +53,7 @@ from specctl_vllm.engine_patch.request_rules import RequestRules, RequestState
 from specctl_vllm.engine_patch.step_accounting import StepAccounting
 from specctl_vllm.engine_patch.telemetry import CODE_BITS, KEY_SHIFT, StepQueue, pack
 from specctl_vllm.engine_patch.widths import WidthChooser
+from specctl_vllm.kernel import protocol
 
 logger = logging.getLogger("vllm.specctl.engine")
 #: Seconds of engine clock between two overhead log lines (the GPU benchmark reads them from the engine log).

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specctl_vllm.controller.proposers import common_prefix
 from specctl_vllm.engine_patch.hook_stats import HookStats, Step
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.proposers import PROPOSERS, TokenHistory
 from specctl_vllm.engine_patch.request_rules import STATE_ATTR, RequestState
 from specctl_vllm.engine_patch.telemetry import Aggregate, add_attempt, add_counterfactual, new_entry
+from specctl_vllm.kernel.proposers import common_prefix
 
 #: Counterfactual credit stays within +-this: an idle period does not buy a burst of scoring work, and a
 #: period where the hook alone overran the budget is forgotten after a while.

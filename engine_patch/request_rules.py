@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.adapt import RequestK
 from specctl_vllm.engine_patch.categories import category_from_sampling_params
 from specctl_vllm.engine_patch.hook_stats import Step
 from specctl_vllm.engine_patch.policy_table import CategoryRule, EngineSpec, PolicyTable, next_k_bound
 from specctl_vllm.engine_patch.proposers import TokenHistory
 from specctl_vllm.engine_patch.telemetry import KEY_SHIFT
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.adapt import RequestK
 
 #: Attribute the patch sets on vLLM ``Request`` objects (its state dies with the request).
 STATE_ATTR = "_specctl_state"

@@ -3,7 +3,7 @@
 Per scheduled request, drafted = scheduled drafts - grammar-invalid drafts and accepted = sampled tokens - 1
 (vLLM's own arithmetic, so the sums reconcile with ``vllm:spec_decode_num_*_tokens_total``); aggregated per
 (category, method) into accepted-count histograms; the request's k advances with
-:func:`specctl_vllm.controller.adapt.next_k`; one :class:`~specctl_vllm.engine_patch.telemetry.StepRow` per step.
+:func:`specctl_vllm.kernel.adapt.next_k`; one :class:`~specctl_vllm.engine_patch.telemetry.StepRow` per step.
 
 Graph-shaped engines make no pass of their own (:meth:`StepAccounting.observe` is skipped): vLLM's
 ``update_from_output`` already walks the batch and calls ``make_spec_decoding_stats`` once per drafted request,
@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.adapt import next_k
 from specctl_vllm.engine_patch.hook_stats import Step, no_cpu
 from specctl_vllm.engine_patch.request_rules import STATE_ATTR, RequestRules
 from specctl_vllm.engine_patch.telemetry import (
@@ -37,6 +35,8 @@ from specctl_vllm.engine_patch.telemetry import (
     pack,
 )
 from specctl_vllm.engine_patch.widths import WidthChooser, verified_width
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.adapt import next_k
 
 #: Two step ends closer than this are back-to-back steps of a busy engine: the gap is the later step's cost.
 BUSY_GAP_S = 0.5

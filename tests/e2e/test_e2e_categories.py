@@ -6,7 +6,7 @@ import pytest
 
 from bench.support import controller_api
 from bench.support.workload import Prompt, build_workload, run_workload
-from specctl_vllm.controller import protocol
+from specctl_vllm.kernel import protocol
 
 pytestmark = pytest.mark.e2e
 

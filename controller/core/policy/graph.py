@@ -2,7 +2,7 @@
 
 Such an engine verifies one width K for every request of a step, chosen per step by its own width rule
 (:class:`specctl_vllm.engine_patch.widths.WidthChooser`, which calls
-:func:`specctl_vllm.controller.core.model.widths.choose_width`): it sees each step's exact batch and the last few
+:func:`specctl_vllm.kernel.model.widths.choose_width`): it sees each step's exact batch and the last few
 dozen steps' acceptance, where the controller is seconds behind. So this policy decides no width. Per category
 it sends the cap the rule may run up to -- the engine's k_max, with the drafter the engine was started with --
 beside the inputs the wire adds (:mod:`..stages.wire`: the cell table and each category's E_c(K) curve; an
@@ -11,7 +11,7 @@ refreshes makes no new rules version at the engine (which would re-resolve every
 
 What it does compute is the figures the controller reports, at the width the engine's rule is forecast to pick
 at the mean mix (:attr:`Decision.width`), through the rule's own table
-(:func:`~specctl_vllm.controller.core.model.widths.plan_widths`):
+(:func:`~specctl_vllm.kernel.model.widths.plan_widths`):
 
     n_c = the category's mean requests per step (the snapshot's mix), requests it does not attribute at the
           cold-start curve;  b = round(batch size);  K* = choose_width(n, E, W, T(b, .), steps(b, .))
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specctl_vllm.controller.core.model.cells import CellView
-from specctl_vllm.controller.core.model.widths import TokenBudget, WidthPlan, plan_widths
 from specctl_vllm.controller.core.policy.types import CategoryDecision, Decision, KRow, PolicySnapshot
-from specctl_vllm.controller.protocol import METHOD_OFF
+from specctl_vllm.kernel.model.cells import CellView
+from specctl_vllm.kernel.model.widths import TokenBudget, WidthPlan, plan_widths
+from specctl_vllm.kernel.protocol import METHOD_OFF
 
 #: Name of the requests the mix does not attribute to a category (they run the step's width too).
 REST = "_rest"
@@ -64,7 +64,7 @@ def decide(snap: PolicySnapshot, view: CellView, curves: Mapping[str, Sequence[f
            default_curve: Sequence[float], budget: TokenBudget | None = None) -> Decision:
     """Every category (and the default) capped at the engine's k_max with its drafter; the figures at the
     forecast width. ``budget``: what the engine's steps measured about its token budget, where the
-    steady-step model prices this batch (:func:`~specctl_vllm.controller.core.model.widths.steady_regime`);
+    steady-step model prices this batch (:func:`~specctl_vllm.kernel.model.widths.steady_regime`);
     None: the cells."""
     mix = mix_of(snap)
     plan = plan_widths(view, curves, mix, round(snap.batch_size), default_curve, budget)

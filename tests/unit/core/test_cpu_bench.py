@@ -13,8 +13,8 @@ from bench.cpu.driver import Phase, Record
 from bench.cpu.ema_driver import EmaOverrideDriver
 from bench.cpu.workload import bench_workload, key
 from bench.support.workload import CATEGORIES, build_workload
-from specctl_vllm.controller.core import token_traces, whatif
-from specctl_vllm.controller.core.cost import CostCoefficients
+from specctl_vllm.controller.core.offline import token_traces, whatif
+from specctl_vllm.kernel.cost import CostCoefficients
 
 
 # --- workload ------------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_sim_trace_is_loadable_by_the_simulator(tmp_path) -> None:
 
 
 def test_request_traces_round_trip(tmp_path) -> None:
-    from specctl_vllm.controller.core.replay import parse_requests
+    from specctl_vllm.controller.core.offline.replay import parse_requests
 
     trs = traces.request_traces([rec("a", "c", [4, 5], 0, 1, prompt_token_ids=[1, 2]), rec("b", "c", [], 0, 1)])
     path = tmp_path / "r.jsonl"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.core.model.widths import geometric_lengths
+from bench.support.engine_sim import FakeRequest, SimEngine, script_drafter
 from specctl_vllm.engine_patch.hook import SpecHook
 from specctl_vllm.engine_patch.policy_table import EngineSpec, PolicyHolder
 from specctl_vllm.engine_patch.telemetry import StepQueue, row_to_wire
-from tests.support.engine_sim import FakeRequest, SimEngine, script_drafter
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.model.widths import geometric_lengths
 
 NGRAM4 = EngineSpec(method="ngram", k_max=4, model_free_methods=("suffix",))
 CP = protocol.CategoryPolicy

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from engine_rig import CP, EXPLORE_ROW, GRAPH, HIGH, LOW, Rig, cells, install, widths_seen
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch import widths as widths_module
 from specctl_vllm.engine_patch.telemetry import row_to_wire, step_aggregate
+from specctl_vllm.kernel import protocol
 
 
 def test_every_request_of_a_step_verifies_one_width() -> None:

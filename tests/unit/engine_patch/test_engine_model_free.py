@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from engine_rig import CP, Rig, run, totals
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import row_to_wire
+from specctl_vllm.kernel import protocol
 
 
 def test_model_free_method_replaces_the_engines_drafts() -> None:

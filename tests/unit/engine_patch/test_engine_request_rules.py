@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from engine_rig import CP, GRAPH, HIGH, LOW, Rig, cells, install, run, totals, widths_seen
 
-from specctl_vllm.controller import protocol
 from specctl_vllm.engine_patch.request_rules import STATE_ATTR, probe_selected
 from specctl_vllm.engine_patch.telemetry import row_to_wire
+from specctl_vllm.kernel import protocol
 
 
 def test_static_config_changes_nothing(rig: Rig) -> None:

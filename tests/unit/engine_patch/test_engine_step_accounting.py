@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from engine_rig import CP, GRAPH, HIGH, LOW, Rig, cells, install, run, totals
 
-from specctl_vllm.controller import protocol
-from specctl_vllm.controller.core.model.widths import geometric_lengths
 from specctl_vllm.engine_patch.policy_table import EngineSpec
 from specctl_vllm.engine_patch.telemetry import row_to_wire, step_aggregate
 from specctl_vllm.engine_patch.widths import BudgetMeter
+from specctl_vllm.kernel import protocol
+from specctl_vllm.kernel.model.widths import geometric_lengths
 
 
 @pytest.mark.parametrize("policy", [None, CP(k=2), CP(k=3, adapt=protocol.AdaptRule(k_min=0, k_max=4))])
@@ -38,7 +38,7 @@ class RunnerOutput034:
 
 
 def test_histograms_reconcile_with_vllm_034_runner_output(monkeypatch) -> None:
-    from tests.support import engine_sim
+    from bench.support import engine_sim
 
     monkeypatch.setattr(engine_sim, "SimRunnerOutput", RunnerOutput034)
     rig = Rig(correct={"a": 1, "b": 3, "": 2})
