@@ -101,6 +101,7 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
             runtime.recorder = recorder
         app.state.renderer = Renderer(settings.server.render_processes)
         app.state.runtime = runtime
+        runtime.connections = app.state.connections  # its telemetry timing is scraped with the runtime's figures
         task = None
         try:
             await runtime.expire_overrides()

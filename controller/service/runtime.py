@@ -230,6 +230,8 @@ class Runtime:
         self.client_disconnects = 0
         self._acks = AckEncoder()  # used under the Brain lock only
         self._limiter: CapacityLimiter | None = None
+        #: the server's ConnectionPolicy (its telemetry handling time), set by the app's lifespan; None in tests
+        self.connections: Any = None
         #: the opt-in telemetry recorder (:mod:`specctl_vllm.controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
