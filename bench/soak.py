@@ -13,9 +13,12 @@ connections, and probing ``/healthz`` and ``/readyz`` every second. Beside it, a
 - a full disk for the recorder: the recording folder's files are capped by the process's ``RLIMIT_FSIZE``
   (writes beyond it fail as on a full disk), the SQLite file kept under it by small snapshots.
 
-Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max, its 5xx and the probes' 5xx, the
-server's largest RSS, the series at the end, and acknowledged override writes lost (the last acknowledged state
-of every category, compared with what the server answers at the end, after the restarts).
+Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max seen by the engines and the same
+posts' handling time inside the server (``specctl_http_telemetry_seconds``, scraped before each kill and at the
+end), the post rate offered and achieved, how late the engines sent (their own scheduling on a shared host), the
+CPU seconds of the server and of this generator, its 5xx and the probes' 5xx, the server's largest RSS, the
+series at the end, and acknowledged override writes lost (the last acknowledged state of every category,
+compared with what the server answers at the end, after the restarts).
 
     nice python -m bench soak --minutes 3
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -41,6 +45,7 @@ import numpy as np
 
 from bench.harness import free_port, wait_http
 from bench.ingest import Profile, make_batch
+from specctl_vllm.controller.service.timing import BOUNDS, quantile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
 ADMIN, INGEST = "soak-admin-token-0123456789", "soak-ingest-token-0123456789"
@@ -57,6 +62,30 @@ class Server:
         self.proc = None
         self.rss_max_kib = 0
         self.up = False
+        self.timing = [0] * (len(BOUNDS) + 1)  # telemetry handling time per bucket, summed over the server's lives
+        self.cpu_s = 0.0  # CPU seconds of the server's past lives
+
+    async def end_of_life(self, metrics: str | None = None) -> None:
+        """Add this life's ``specctl_http_telemetry_seconds{body="small"}`` buckets (a restart starts them from
+        zero) and CPU seconds, before it ends."""
+        if metrics is None:
+            try:
+                async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
+                    metrics = (await client.get(self.url + "/metrics")).text
+            except httpx.HTTPError:
+                metrics = ""
+        cumulative = [float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith('specctl_http_telemetry_seconds_bucket{body="small"')]
+        for i, (below, upto) in enumerate(itertools.pairwise([0.0, *cumulative])):
+            self.timing[i] += int(upto - below)
+        self.cpu_s += self.cpu_now()
+
+    def cpu_now(self) -> float:
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCTL_")}
@@ -102,6 +131,7 @@ def _start_limited(port: int, env: dict[str, str], folder: Path, preexec: Any):
 class Tally:
     def __init__(self) -> None:
         self.fleet_ms: list[float] = []
+        self.fleet_late_ms: list[float] = []  # how late each post was sent, against the engine's schedule
         self.fleet_5xx = self.fleet_other = self.fleet_unreachable = 0
         self.probe_5xx = self.probe_ok = self.probe_unreachable = 0
         self.attack: dict[str, dict[str, int]] = {}
@@ -118,10 +148,12 @@ async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> N
     headers = {"Authorization": f"Bearer {INGEST}"}
     async with httpx.AsyncClient(headers=headers, timeout=5.0) as client:
         await asyncio.sleep(random.random() / hz)
+        due = time.monotonic()
         while time.monotonic() < stop:
             body = make_batch(FLEET, seq, rng, engine_id=f"fleet-{i}")
             body["boot_id"] = "soak"
             t0 = time.monotonic()
+            tally.fleet_late_ms.append((t0 - due) * 1000)
             try:
                 r = await client.post(srv.url + "/v1/telemetry", json=body)
                 if r.status_code == 200:
@@ -133,7 +165,8 @@ async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> N
                     tally.fleet_other += 1
             except httpx.HTTPError:
                 tally.fleet_unreachable += 1
-            await asyncio.sleep(max(0.0, 1 / hz - (time.monotonic() - t0)))
+            due = max(due + 1 / hz, time.monotonic())  # a late engine does not burst to catch up
+            await asyncio.sleep(due - time.monotonic())
 
 
 async def probes(srv: Server, tally: Tally, stop: float) -> None:
@@ -258,6 +291,7 @@ async def override_storm(srv: Server, tally: Tally, stop: float) -> None:
 async def killer(srv: Server, every_s: float, stop: float, restarts: list[float]) -> None:
     while time.monotonic() + every_s < stop:
         await asyncio.sleep(every_s)
+        await srv.end_of_life()
         t0 = time.monotonic()
         srv.kill9()
         await asyncio.to_thread(srv.start)
@@ -270,6 +304,7 @@ async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     tally = Tally()
     restarts: list[float] = []
     stop = time.monotonic() + args.minutes * 60
+    own = resource.getrusage(resource.RUSAGE_SELF)
     tasks = [engine(i, srv, tally, stop, args.hz) for i in range(args.engines)]
     tasks += [probes(srv, tally, stop), idle_sockets(srv, args.idle, stop), flooder(0, srv, tally, stop),
               flooder(1, srv, tally, stop), new_ids(srv, tally, stop), huge_headers(srv, tally, stop),
@@ -278,6 +313,8 @@ async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
         now = {o["category"]: o["k"] for o in (await client.get(srv.url + "/v1/overrides")).json()}
         metrics = (await client.get(srv.url + "/metrics")).text
+    await srv.end_of_life(metrics)
+    done = resource.getrusage(resource.RUSAGE_SELF)
     lost = sorted(c for c, k in tally.acked_overrides.items() if now.get(c) != k)
     series = next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("specctl_series ")),
                   None)
@@ -285,12 +322,29 @@ async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     srv.proc.send_signal(signal.SIGTERM)
     srv.proc.wait(30)
     ms = np.array(tally.fleet_ms) if tally.fleet_ms else np.array([np.nan])
+    late = np.array(tally.fleet_late_ms) if tally.fleet_late_ms else np.array([np.nan])
+    seconds = args.minutes * 60
     return {
         "fleet": {"engines": args.engines, "hz": args.hz, "answered": len(tally.fleet_ms),
+                  "offered_posts_per_s": args.engines * args.hz,
+                  "achieved_posts_per_s": round(len(tally.fleet_ms) / seconds, 1),
+                  # seen by the engines: includes this generator's own scheduling on the host's shared cores
                   "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
-                  "max_ms": round(float(np.max(ms)), 1), "5xx": tally.fleet_5xx, "other_4xx": tally.fleet_other,
-                  "unreachable_during_restarts": tally.fleet_unreachable,
-                  "achieved_posts_per_s": round(len(tally.fleet_ms) / (args.minutes * 60), 1)},
+                  "max_ms": round(float(np.max(ms)), 1),
+                  "sent_late_p50_ms": round(float(np.percentile(late, 50)), 1),
+                  "sent_late_p99_ms": round(float(np.percentile(late, 99)), 1),
+                  "5xx": tally.fleet_5xx, "other_4xx": tally.fleet_other,
+                  "unreachable_during_restarts": tally.fleet_unreachable},
+        # inside the server (specctl_http_telemetry_seconds{body="small"}): the fleet's posts and the new-id
+        # storm's, first byte read to first byte of the answer written; a bucket's upper bound
+        "server_side": {"small_posts_timed": sum(srv.timing),
+                        "p50_ms_at_most": _ms(quantile(BOUNDS, srv.timing, 0.50)),
+                        "p99_ms_at_most": _ms(quantile(BOUNDS, srv.timing, 0.99)),
+                        "buckets_ms": {("+Inf" if i == len(BOUNDS) else f"<={BOUNDS[i] * 1000:g}"): n
+                                       for i, n in enumerate(srv.timing) if n}},
+        "cpu": {"server_s": round(srv.cpu_s, 1), "server_cores": round(srv.cpu_s / seconds, 2),
+                "generator_s": round(done.ru_utime + done.ru_stime - own.ru_utime - own.ru_stime, 1),
+                "generator_cores": round((done.ru_utime + done.ru_stime - own.ru_utime - own.ru_stime) / seconds, 2)},
         "probes": {"ok": tally.probe_ok, "5xx": tally.probe_5xx, "unreachable_during_restarts": tally.probe_unreachable},
         "server": {"rss_max_mb": round(srv.rss_max_kib / 1024, 1), "series_at_end": series,
                    "restarts_s": restarts},
@@ -298,6 +352,10 @@ async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "acknowledged_override_writes_lost": lost,
         "recorder_lines": [line for line in metrics.splitlines() if line.startswith("specctl_recorder_")],
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,7 +84,7 @@ async def _open_runtime(settings: ServiceSettings, clock: Clock, brain_config: B
     )
     srv = settings.server
     flow = BytesInFlight(total_limit=srv.ingest_bytes_in_flight, engine_limit=srv.ingest_engine_bytes_in_flight)
-    return Runtime(brain, store, clock, loaded, snapshot_ts, flow=flow)
+    return Runtime(brain, store, clock, loaded, snapshot_ts, flow=flow, large_share=srv.large_batch_cpu_share)
 
 
 def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_config: BrainConfig):

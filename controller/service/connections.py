@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl_vllm.controller.service.timing import LatencyHistogram
+from specctl_vllm.controller.service.timing import BODIES, LatencyHistogram, body_class
 
 log = logging.getLogger("controller.service")
 
@@ -86,8 +86,8 @@ class ConnectionPolicy:
     evicted: int = 0
     timed_out: int = 0
     headers_refused: int = 0
-    #: telemetry posts' handling time, first byte read to first byte of the answer written
-    telemetry: LatencyHistogram = field(default_factory=LatencyHistogram)
+    #: telemetry posts' handling time, first byte read to first byte of the answer written, by body size
+    telemetry: dict[str, LatencyHistogram] = field(default_factory=lambda: {c: LatencyHistogram() for c in BODIES})
     clock: Callable[[], float] = time.monotonic
 
     def touch(self, conn: Any) -> None:
@@ -137,6 +137,7 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
             self._body_left = 0
             self._responded = False
             self._started: float | None = None  # when this request's first bytes were read, if a telemetry post
+            self._body_class = BODIES[0]
 
         # -- asyncio.Protocol ------------------------------------------------------------------------
         def connection_made(self, transport: Any) -> None:  # uvloop's transports are not asyncio's classes
@@ -178,7 +179,9 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
             if end >= 0:
                 if not head.startswith(_TELEMETRY):
                     self._started = None
-                self._body_left = content_length(head) - (len(self._head) - end - 4)
+                declared = content_length(head)
+                self._body_class = body_class(declared)
+                self._body_left = declared - (len(self._head) - end - 4)
                 self.state, self._head, self._responded = REQUEST, b"", False
                 self._disarm()
             self._inner.data_received(data)
@@ -207,7 +210,7 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
         def _responding(self) -> None:
             if self.state == REQUEST:
                 if self._started is not None and not self._responded:
-                    policy.telemetry.observe(policy.clock() - self._started)
+                    policy.telemetry[self._body_class].observe(policy.clock() - self._started)
                     self._started = None
                 self._responded = True
                 if self._body_left <= 0:  # the response starts: what arrives next is the next request's headers

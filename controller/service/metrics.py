@@ -191,9 +191,9 @@ class ServiceStats:
     snapshot_age_s: float | None = None
     #: (batches, dropped, errors, bytes on disk, lost) of the telemetry recorder; None while recording is off
     recorder: tuple[int, int, int, int, int] | None = None
-    #: (bucket bounds, counts per bucket with the one above them last, sum) of telemetry posts' handling time;
-    #: None without the connection guard (an app served by something else than ``specctl serve``)
-    telemetry_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    #: (body class, bucket bounds, counts per bucket with the one above them last, sum) of telemetry posts'
+    #: handling time; None without the connection guard (an app served by something else than ``specctl serve``)
+    telemetry_seconds: tuple[tuple[str, tuple[float, ...], tuple[int, ...], float], ...] | None = None
 
     @classmethod
     def of(cls, runtime: Any) -> ServiceStats:
@@ -204,8 +204,8 @@ class ServiceStats:
             st = rec.stats
             recorder = (st.batches, st.dropped, st.errors, st.bytes_on_disk, st.lost)
         conns = getattr(runtime, "connections", None)
-        timing = None if conns is None else (conns.telemetry.bounds, tuple(conns.telemetry.counts),
-                                             conns.telemetry.total_s)
+        timing = None if conns is None else tuple((body, h.bounds, tuple(h.counts), h.total_s)
+                                                  for body, h in conns.telemetry.items())
         return cls(runtime.internal_errors, runtime.client_disconnects, age, recorder, timing)
 
 
@@ -218,7 +218,7 @@ def _service_families(stats: ServiceStats) -> list[Metric]:
     gone.add_metric([], stats.client_disconnects)
     families: list[Metric] = [errors, gone]
     if stats.telemetry_seconds is not None:
-        families.append(_telemetry_seconds(*stats.telemetry_seconds))
+        families.append(_telemetry_seconds(stats.telemetry_seconds))
     if stats.snapshot_age_s is not None:
         age = _gauge("specctl_snapshot_age_seconds", "Seconds since the learned state was last written to SQLite "
                      "(learning a crash would lose)", [])
@@ -242,14 +242,17 @@ def _service_families(stats: ServiceStats) -> list[Metric]:
     return families
 
 
-def _telemetry_seconds(bounds: tuple[float, ...], counts: tuple[int, ...], total_s: float) -> Metric:
+def _telemetry_seconds(rows: tuple[tuple[str, tuple[float, ...], tuple[int, ...], float], ...]) -> Metric:
     family = HistogramMetricFamily("specctl_http_telemetry_seconds", "Telemetry posts' handling time in the "
-                                   "server: first byte of the request read to first byte of the answer written", labels=[])
-    cumulative, running = [], 0
-    for bound, n in zip((*(str(b) for b in bounds), "+Inf"), counts, strict=True):
-        running += n
-        cumulative.append((bound, running))
-    family.add_metric([], cumulative, total_s)
+                                   "server: first byte of the request read to first byte of the answer written; "
+                                   "body small (<= 8 KiB declared, an engine's regular post) or large",
+                                   labels=["body"])
+    for body, bounds, counts, total_s in rows:
+        cumulative, running = [], 0
+        for bound, n in zip((*(str(b) for b in bounds), "+Inf"), counts, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        family.add_metric([body], cumulative, total_s)
     return family
 
 

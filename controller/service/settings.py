@@ -132,6 +132,24 @@ class ServerSettings(_Env):
         "overrides, forget); beyond it 503 with Retry-After, so a flood of reads never takes the engines' share",
     )
 
+    large_batch_cpu_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="fraction of wall time a large body's parse may run (the rest it sleeps, the GIL free for the "
+        "event loop); 1 = no pauses. A 4 MiB backlog flush takes ~0.5 s of CPU to parse, so ~2 s at 0.25. Beside "
+        "two clients flooding 4 MB batches, 16 engines' regular posts took (server side, p99) <= 500 ms unpaced, "
+        "<= 250 ms at 0.5, <= 50 ms at 0.25 (docs/reliability.md#soak)",
+    )
+    gil_switch_interval_s: float = Field(
+        default=0.001,
+        gt=0,
+        le=0.1,
+        description="seconds a thread may hold the GIL while another waits for it (sys.setswitchinterval); the "
+        "event loop that answers the engines' regular posts waits up to this long each time it wakes while a "
+        "large batch is parsed or merged in a worker thread. Python's default 0.005 gave those posts a server-side "
+        "p99 <= 250 ms beside two clients flooding, 0.001 <= 50 ms (docs/reliability.md#soak)",
+    )
     render_processes: int = Field(
         default=1,
         ge=0,

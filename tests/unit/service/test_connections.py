@@ -260,10 +260,12 @@ def test_telemetry_posts_are_timed_by_the_guard_and_scraped(tmp_path):
     finally:
         server.should_exit = True
         thread.join(10)
-    assert policy.telemetry.count == 2 and policy.telemetry.total_s == pytest.approx(0.6)
-    assert policy.telemetry.counts[policy.telemetry.bounds.index(0.5)] == 2
+    small = policy.telemetry["small"]
+    assert small.count == 2 and small.total_s == pytest.approx(0.6) and policy.telemetry["large"].count == 0
+    assert small.counts[small.bounds.index(0.5)] == 2
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "specctl_http_telemetry_seconds"]
-    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
-    assert samples[("specctl_http_telemetry_seconds_count", None)] == 2
-    assert samples[("specctl_http_telemetry_seconds_bucket", "0.25")] == 0
-    assert samples[("specctl_http_telemetry_seconds_bucket", "0.5")] == 2
+    samples = {(s.name, s.labels["body"], s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("specctl_http_telemetry_seconds_count", "small", None)] == 2
+    assert samples[("specctl_http_telemetry_seconds_bucket", "small", "0.25")] == 0
+    assert samples[("specctl_http_telemetry_seconds_bucket", "small", "0.5")] == 2
+    assert samples[("specctl_http_telemetry_seconds_count", "large", None)] == 0

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from specctl_vllm.controller.service.timing import BOUNDS, LatencyHistogram, quantile
+from specctl_vllm.controller.service.runtime import INLINE_BODY_BYTES
+from specctl_vllm.controller.service.timing import BOUNDS, LatencyHistogram, body_class, quantile
 
 
 @pytest.mark.parametrize(
@@ -34,3 +35,11 @@ def test_observe_counts_in_the_bucket_of_the_first_bound_not_below(seconds, buck
 )
 def test_quantile_is_the_upper_bound_of_its_bucket(counts, q, expected):
     assert quantile((1.0, 2.0), counts, q) == expected
+
+
+@pytest.mark.parametrize(
+    ("declared", "body"), [(0, "small"), (1600, "small"), (INLINE_BODY_BYTES, "small"), (INLINE_BODY_BYTES + 1, "large"),
+                           (4 * 1024 * 1024, "large")],
+)
+def test_body_class_splits_regular_posts_from_large_ones(declared, body):
+    assert body_class(declared) == body
