@@ -26,6 +26,7 @@ from specctl_vllm.controller.service.limits import BodyLimit
 from specctl_vllm.controller.service.recorder import Recorder
 from specctl_vllm.controller.service.render import Renderer
 from specctl_vllm.controller.service.request_classes import ClassCounts, RequestClasses
+from specctl_vllm.controller.service.restore import restore_brain
 from specctl_vllm.controller.service.routes import (
     audit,
     categories,
@@ -36,7 +37,7 @@ from specctl_vllm.controller.service.routes import (
     policy,
     telemetry,
 )
-from specctl_vllm.controller.service.runtime import Runtime, restore_brain
+from specctl_vllm.controller.service.runtime import Runtime
 from specctl_vllm.controller.service.schemas import ForgetIn, OverrideIn
 from specctl_vllm.controller.service.settings import ServiceSettings
 from specctl_vllm.controller.service.store import Store

@@ -19,6 +19,8 @@ took the process past 500 MB. So:
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,7 +31,7 @@ from typing import Any
 from anyio import CapacityLimiter, to_thread
 from starlette.exceptions import HTTPException
 
-from specctl_vllm.controller.protocol import StepRecord, TelemetryBatch
+from specctl_vllm.controller.protocol import ENGINE_ID_PATTERN, StepRecord, TelemetryBatch
 from specctl_vllm.controller.service.errors import parse_json
 from specctl_vllm.controller.service.json_pieces import decode_object
 
@@ -77,6 +79,18 @@ def parse_batch(raw: bytes, pause: Callable[[float], None] = time.sleep) -> Tele
         return TelemetryBatch.model_validate(doc, strict=True)
     except Exception:  # noqa: BLE001 -- the one-call parse says what is wrong, as for any body
         return parse_json(raw, TelemetryBatch, "telemetry batch")
+
+
+_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
+
+
+def engine_id_of(raw: bytes) -> str | None:
+    """Best-effort engine id of a refused batch, so the rejection is counted against its engine."""
+    try:
+        value = json.loads(raw).get("engine_id")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, str) and _ENGINE_ID.match(value) else None
 
 
 def step_units(step: StepRecord) -> int:

@@ -200,7 +200,7 @@ def test_pacer_sleeps_in_proportion_to_the_work_since_the_last_pause(share, work
 def test_a_post_waiting_for_the_lock_goes_before_the_next_slice(acquire, order):
     """The merger releases the lock after a slice and asks for it again at once: behind the posts already
     waiting (with the plain acquire it took the lock back before they ran, slice after slice)."""
-    from specctl_vllm.controller.service.runtime import BrainLock
+    from specctl_vllm.controller.service.brain_lock import BrainLock
 
     async def scenario():
         lock, seen = BrainLock(), []
