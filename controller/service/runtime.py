@@ -71,7 +71,7 @@ class Runtime:
         self._brain = brain
         self._brain_lock = BrainLock()
         #: bytes of large bodies in flight (checked by the telemetry route before reading, here after parsing)
-        self.flow = flow or BytesInFlight(total_limit=8 * 1024 * 1024, engine_limit=4 * 1024 * 1024)
+        self.flow = flow or BytesInFlight(total_limit=4 * 1024 * 1024, engine_limit=4 * 1024 * 1024)
         self._merger = FairMerger(self._brain_lock.acquire_behind_waiters, self._brain_lock.release)
         self._parse_limiter: CapacityLimiter | None = None
         #: the share of wall time a large body's parse may run (:class:`Pacer`)

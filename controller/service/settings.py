@@ -42,11 +42,13 @@ class ServerSettings(_Env):
         "4 MiB leaves room for a backlog flush while bounding memory per request",
     )
     ingest_bytes_in_flight: int = Field(
-        default=8 * 1024 * 1024,
+        default=4 * 1024 * 1024,
         ge=64 * 1024,
-        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all; a post beyond it gets "
-        "429 with Retry-After before its body is read. A parsed batch takes ~14x its bytes, so 8 MiB (two maximal "
-        "bodies) keeps the controller within 256 MB; engines' regular posts (a few KiB) are never counted",
+        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all (one body is always let "
+        "in); a post beyond it gets 429 with Retry-After before its body is read. A parsed batch takes ~14x its "
+        "bytes (52 MB for a 3.7 MB body): with 8 MiB, two were held at once (one merged, the next parsed) and the "
+        "soak's server reached 259 MB; 4 MiB is one maximal body. The parses run one at a time anyway, so a second "
+        "flush waits little longer. Engines' regular posts (a few KiB) are never counted",
     )
     ingest_engine_bytes_in_flight: int = Field(
         default=4 * 1024 * 1024,
