@@ -10,8 +10,8 @@ connections, and probing ``/healthz`` and ``/readyz`` every second. Beside it, a
 - an override storm: PUT/DELETE of overrides; every acknowledged write is remembered;
 - kill -9 and restart of the server every ``--kill-every`` seconds (the fleet's posts while it is down do not
   count as answers; they are counted as ``unreachable``);
-- a full disk for the recorder: the recording folder's files are capped by the process's ``RLIMIT_FSIZE``
-  (writes beyond it fail as on a full disk), the SQLite file kept under it by small snapshots.
+- a full disk: every file of the server is capped by the process's ``RLIMIT_FSIZE`` (writes beyond it fail as on
+  a full disk): the recorder's, and the SQLite store's, whose WAL reaches the cap as the state grows.
 
 Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max seen by the engines and the same
 posts' handling time inside the server (``specctl_http_telemetry_seconds``, scraped before each kill and at the
