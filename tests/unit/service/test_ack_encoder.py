@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specctl_vllm.controller.protocol import AdaptRule, CategoryPolicy, Policy, TelemetryAck
-from specctl_vllm.controller.service.runtime import AckEncoder
+from specctl_vllm.controller.service.answers import AckEncoder
 from tests.unit.service.batches import batch
 from tests.unit.service.conftest import ADMIN, INGEST
 
