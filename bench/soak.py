@@ -10,12 +10,15 @@ connections, and probing ``/healthz`` and ``/readyz`` every second. Beside it, a
 - an override storm: PUT/DELETE of overrides; every acknowledged write is remembered;
 - kill -9 and restart of the server every ``--kill-every`` seconds (the fleet's posts while it is down do not
   count as answers; they are counted as ``unreachable``);
-- a full disk for the recorder: the recording folder's files are capped by the process's ``RLIMIT_FSIZE``
-  (writes beyond it fail as on a full disk), the SQLite file kept under it by small snapshots.
+- a full disk: every file of the server is capped by the process's ``RLIMIT_FSIZE`` (writes beyond it fail as on
+  a full disk): the recorder's, and the SQLite store's, whose WAL reaches the cap as the state grows.
 
-Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max, its 5xx and the probes' 5xx, the
-server's largest RSS, the series at the end, and acknowledged override writes lost (the last acknowledged state
-of every category, compared with what the server answers at the end, after the restarts).
+Reported (``bench/results/soak.json``): the fleet's post latency p50/p99/max seen by the engines and the same
+posts' handling time inside the server (``specctl_http_telemetry_seconds``, scraped before each kill and at the
+end), the post rate offered and achieved, how late the engines sent (their own scheduling on a shared host), the
+CPU seconds of the server and of this generator, its 5xx and the probes' 5xx, the server's largest RSS, the
+series at the end, and acknowledged override writes lost (the last acknowledged state of every category,
+compared with what the server answers at the end, after the restarts).
 
     nice python -m bench soak --minutes 3
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -31,6 +35,8 @@ import random
 import resource
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +47,7 @@ import numpy as np
 
 from bench.harness import free_port, wait_http
 from bench.ingest import Profile, make_batch
+from specctl_vllm.controller.service.timing import BOUNDS, quantile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
 ADMIN, INGEST = "soak-admin-token-0123456789", "soak-ingest-token-0123456789"
@@ -57,6 +64,31 @@ class Server:
         self.proc = None
         self.rss_max_kib = 0
         self.up = False
+        self.timing = [0] * (len(BOUNDS) + 1)  # telemetry handling time per bucket, summed over the server's lives
+        self.cpu_s = 0.0  # CPU seconds of the server's past lives
+        self.start_failures: list[str] = []
+
+    async def end_of_life(self, metrics: str | None = None) -> None:
+        """Add this life's ``specctl_http_telemetry_seconds{body="small"}`` buckets (a restart starts them from
+        zero) and CPU seconds, before it ends."""
+        if metrics is None:
+            try:
+                async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
+                    metrics = (await client.get(self.url + "/metrics")).text
+            except httpx.HTTPError:
+                metrics = ""
+        cumulative = [float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith('specctl_http_telemetry_seconds_bucket{body="small"')]
+        for i, (below, upto) in enumerate(itertools.pairwise([0.0, *cumulative])):
+            self.timing[i] += int(upto - below)
+        self.cpu_s += self.cpu_now()
+
+    def cpu_now(self) -> float:
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCTL_")}
@@ -69,7 +101,8 @@ class Server:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
         self.proc = _start_limited(self.port, env, self.folder, limit_files)
-        wait_http(self.url + "/readyz", self.proc, timeout_s=120)
+        wait_http(self.url + "/readyz", self.proc, timeout_s=120,
+                  detail=lambda: (self.folder / "serve.log").read_text(errors="replace")[-600:])
         self.up = True
 
     def kill9(self) -> None:
@@ -87,9 +120,6 @@ class Server:
 
 
 def _start_limited(port: int, env: dict[str, str], folder: Path, preexec: Any):
-    import subprocess
-    import sys
-
     log = open(folder / "serve.log", "ab")  # noqa: SIM115 -- the child keeps its own copy
     cmd = [sys.executable, "-m", "specctl_vllm.controller", "serve", "--host", "127.0.0.1", "--port", str(port)]
     try:
@@ -102,6 +132,7 @@ def _start_limited(port: int, env: dict[str, str], folder: Path, preexec: Any):
 class Tally:
     def __init__(self) -> None:
         self.fleet_ms: list[float] = []
+        self.fleet_late_ms: list[float] = []  # how late each post was sent, against the engine's schedule
         self.fleet_5xx = self.fleet_other = self.fleet_unreachable = 0
         self.probe_5xx = self.probe_ok = self.probe_unreachable = 0
         self.attack: dict[str, dict[str, int]] = {}
@@ -118,10 +149,12 @@ async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> N
     headers = {"Authorization": f"Bearer {INGEST}"}
     async with httpx.AsyncClient(headers=headers, timeout=5.0) as client:
         await asyncio.sleep(random.random() / hz)
+        due = time.monotonic()
         while time.monotonic() < stop:
             body = make_batch(FLEET, seq, rng, engine_id=f"fleet-{i}")
             body["boot_id"] = "soak"
             t0 = time.monotonic()
+            tally.fleet_late_ms.append((t0 - due) * 1000)
             try:
                 r = await client.post(srv.url + "/v1/telemetry", json=body)
                 if r.status_code == 200:
@@ -133,7 +166,8 @@ async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> N
                     tally.fleet_other += 1
             except httpx.HTTPError:
                 tally.fleet_unreachable += 1
-            await asyncio.sleep(max(0.0, 1 / hz - (time.monotonic() - t0)))
+            due = max(due + 1 / hz, time.monotonic())  # a late engine does not burst to catch up
+            await asyncio.sleep(due - time.monotonic())
 
 
 async def probes(srv: Server, tally: Tally, stop: float) -> None:
@@ -170,15 +204,14 @@ async def idle_sockets(srv: Server, n: int, stop: float) -> None:
 
 def _open(s: socket.socket) -> bool:
     try:
-        if s.recv(1) == b"":
-            s.close()
-            return False
+        if s.recv(1) != b"":
+            return True
     except BlockingIOError:
         return True
     except OSError:
-        s.close()
-        return False
-    return True
+        pass
+    s.close()  # the server closed it
+    return False
 
 
 async def flooder(k: int, srv: Server, tally: Tally, stop: float) -> None:
@@ -258,42 +291,73 @@ async def override_storm(srv: Server, tally: Tally, stop: float) -> None:
 async def killer(srv: Server, every_s: float, stop: float, restarts: list[float]) -> None:
     while time.monotonic() + every_s < stop:
         await asyncio.sleep(every_s)
+        await srv.end_of_life()
         t0 = time.monotonic()
         srv.kill9()
-        await asyncio.to_thread(srv.start)
+        while not srv.up and time.monotonic() < stop:  # a start that fails (the store on the full disk) is
+            try:                                         # reported, and tried again until the end
+                await asyncio.to_thread(srv.start)
+            except RuntimeError as exc:
+                srv.start_failures.append(str(exc)[-600:])
+                await asyncio.sleep(1.0)
         restarts.append(round(time.monotonic() - t0, 2))
 
 
 async def soak(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     srv = Server(folder)
     srv.start()
-    tally = Tally()
-    restarts: list[float] = []
+    tally, restarts = Tally(), []  # restarts: seconds each kill -9 left the server down
     stop = time.monotonic() + args.minutes * 60
-    tasks = [engine(i, srv, tally, stop, args.hz) for i in range(args.engines)]
-    tasks += [probes(srv, tally, stop), idle_sockets(srv, args.idle, stop), flooder(0, srv, tally, stop),
-              flooder(1, srv, tally, stop), new_ids(srv, tally, stop), huge_headers(srv, tally, stop),
-              override_storm(srv, tally, stop), killer(srv, args.kill_every, stop, restarts)]
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    attacks = {"idle": lambda: [idle_sockets(srv, args.idle, stop)],
+               "flood": lambda: [flooder(0, srv, tally, stop), flooder(1, srv, tally, stop)],
+               "new-id": lambda: [new_ids(srv, tally, stop)], "headers": lambda: [huge_headers(srv, tally, stop)],
+               "override": lambda: [override_storm(srv, tally, stop)],
+               "kill": lambda: [killer(srv, args.kill_every, stop, restarts)]}
+    tasks = [engine(i, srv, tally, stop, args.hz) for i in range(args.engines)] + [probes(srv, tally, stop)]
+    for name in args.attacks.split(","):
+        tasks += attacks[name]() if name else []
     await asyncio.gather(*tasks)
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
-        now = {o["category"]: o["k"] for o in (await client.get(srv.url + "/v1/overrides")).json()}
-        metrics = (await client.get(srv.url + "/metrics")).text
-    lost = sorted(c for c, k in tally.acked_overrides.items() if now.get(c) != k)
+    now, metrics = None, ""  # a server that did not start again cannot be asked: lost writes unchecked (None)
+    if srv.up:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as client:
+            now = {o["category"]: o["k"] for o in (await client.get(srv.url + "/v1/overrides")).json()}
+            metrics = (await client.get(srv.url + "/metrics")).text
+        await srv.end_of_life(metrics)
+    done = resource.getrusage(resource.RUSAGE_SELF)
+    lost = None if now is None else sorted(c for c, k in tally.acked_overrides.items() if now.get(c) != k)
     series = next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("specctl_series ")),
                   None)
     srv.sample_rss()
-    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.send_signal(signal.SIGTERM)  # exited already if it did not start
     srv.proc.wait(30)
     ms = np.array(tally.fleet_ms) if tally.fleet_ms else np.array([np.nan])
+    late = np.array(tally.fleet_late_ms) if tally.fleet_late_ms else np.array([np.nan])
+    seconds = args.minutes * 60
     return {
         "fleet": {"engines": args.engines, "hz": args.hz, "answered": len(tally.fleet_ms),
+                  "offered_posts_per_s": args.engines * args.hz,
+                  "achieved_posts_per_s": round(len(tally.fleet_ms) / seconds, 1),
+                  # seen by the engines: includes this generator's own scheduling on the host's shared cores
                   "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
-                  "max_ms": round(float(np.max(ms)), 1), "5xx": tally.fleet_5xx, "other_4xx": tally.fleet_other,
-                  "unreachable_during_restarts": tally.fleet_unreachable,
-                  "achieved_posts_per_s": round(len(tally.fleet_ms) / (args.minutes * 60), 1)},
+                  "max_ms": round(float(np.max(ms)), 1),
+                  "sent_late_p50_ms": round(float(np.percentile(late, 50)), 1),
+                  "sent_late_p99_ms": round(float(np.percentile(late, 99)), 1),
+                  "5xx": tally.fleet_5xx, "other_4xx": tally.fleet_other,
+                  "unreachable_during_restarts": tally.fleet_unreachable},
+        # inside the server (specctl_http_telemetry_seconds{body="small"}): the fleet's posts and the new-id
+        # storm's, first byte read to first byte of the answer written; a bucket's upper bound
+        "server_side": {"small_posts_timed": sum(srv.timing),
+                        **{f"p{q}_ms_at_most": None if v is None else round(v * 1000, 1)
+                           for q, v in ((50, quantile(BOUNDS, srv.timing, 0.5)), (99, quantile(BOUNDS, srv.timing, .99)))},
+                        "buckets_ms": {("+Inf" if i == len(BOUNDS) else f"<={BOUNDS[i] * 1000:g}"): n
+                                       for i, n in enumerate(srv.timing) if n}},
+        "cpu": {"server_s": round(srv.cpu_s, 1), "server_cores": round(srv.cpu_s / seconds, 2),
+                "generator_s": round(done.ru_utime + done.ru_stime - own.ru_utime - own.ru_stime, 1),
+                "generator_cores": round((done.ru_utime + done.ru_stime - own.ru_utime - own.ru_stime) / seconds, 2)},
         "probes": {"ok": tally.probe_ok, "5xx": tally.probe_5xx, "unreachable_during_restarts": tally.probe_unreachable},
         "server": {"rss_max_mb": round(srv.rss_max_kib / 1024, 1), "series_at_end": series,
-                   "restarts_s": restarts},
+                   "restarts_s": restarts, "start_failures": srv.start_failures},
         "attack": tally.attack,
         "acknowledged_override_writes_lost": lost,
         "recorder_lines": [line for line in metrics.splitlines() if line.startswith("specctl_recorder_")],
@@ -307,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hz", type=float, default=20.0)
     p.add_argument("--idle", type=int, default=300, help="idle sockets held open")
     p.add_argument("--kill-every", type=float, default=60.0, help="seconds between kill -9 and restart")
+    p.add_argument("--attacks", default="idle,flood,new-id,headers,override,kill",
+                   help="the attacks run beside the fleet, comma-separated (one alone measures what it costs)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--notes", default="", help="free text stored with the result (the host's conditions)")
     args = p.parse_args(argv)
@@ -316,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     result["verdict"] = {
         "fleet_p99_under_250_ms": fleet["p99_ms"] < 250, "rss_at_most_256_mb": server["rss_max_mb"] <= 256,
         "no_5xx_to_fleet_or_probes": fleet["5xx"] == 0 and result["probes"]["5xx"] == 0,
-        "no_lost_acknowledged_writes": not result["acknowledged_override_writes_lost"],
+        "no_lost_acknowledged_writes": result["acknowledged_override_writes_lost"] == [],
     }
     result["command"] = "python -m bench soak " + " ".join(argv or [])
     result["host"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()}

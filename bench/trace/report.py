@@ -12,6 +12,7 @@ starting k, decides what a step verifies, so the two can differ).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -114,7 +115,7 @@ def mean_widths(decisions: list[dict]) -> tuple[list[float], list[float]]:
     """Mean width of the steps the engine ran between consecutive samples (``width_steps`` are cumulative
     counts per width), placed at the earlier sample; intervals without steps are left out."""
     ts, means = [], []
-    for before, after in zip(decisions, decisions[1:]):
+    for before, after in itertools.pairwise(decisions):
         a, b = before.get("width_steps") or {}, after.get("width_steps") or {}
         delta = {int(w): b[w] - a.get(w, 0) for w in b if b[w] > a.get(w, 0)}
         steps = sum(delta.values())

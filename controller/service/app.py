@@ -25,6 +25,7 @@ from specctl_vllm.controller.service.limits import BodyLimit
 from specctl_vllm.controller.service.recorder import Recorder
 from specctl_vllm.controller.service.render import Renderer
 from specctl_vllm.controller.service.request_classes import ClassCounts, RequestClasses
+from specctl_vllm.controller.service.restore import restore_brain
 from specctl_vllm.controller.service.routes import (
     audit,
     categories,
@@ -35,7 +36,7 @@ from specctl_vllm.controller.service.routes import (
     policy,
     telemetry,
 )
-from specctl_vllm.controller.service.runtime import Runtime, restore_brain
+from specctl_vllm.controller.service.runtime import Runtime
 from specctl_vllm.controller.service.schemas import ForgetIn, OverrideIn
 from specctl_vllm.controller.service.settings import ServiceSettings
 from specctl_vllm.controller.service.store import Store
@@ -84,7 +85,7 @@ async def _open_runtime(settings: ServiceSettings, clock: Clock, brain_config: B
     )
     srv = settings.server
     flow = BytesInFlight(total_limit=srv.ingest_bytes_in_flight, engine_limit=srv.ingest_engine_bytes_in_flight)
-    return Runtime(brain, store, clock, loaded, snapshot_ts, flow=flow)
+    return Runtime(brain, store, clock, loaded, snapshot_ts, flow=flow, large_share=srv.large_batch_cpu_share)
 
 
 def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_config: BrainConfig):
@@ -101,6 +102,7 @@ def _lifespan(settings: ServiceSettings, clock: Clock, sleep: Sleep, brain_confi
             runtime.recorder = recorder
         app.state.renderer = Renderer(settings.server.render_processes)
         app.state.runtime = runtime
+        runtime.connections = app.state.connections  # its telemetry timing is scraped with the runtime's figures
         task = None
         try:
             await runtime.expire_overrides()

@@ -22,9 +22,12 @@ import asyncio
 import json
 import logging
 import resource
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from specctl_vllm.controller.service.timing import BODIES, LatencyHistogram, body_class
 
 log = logging.getLogger("controller.service")
 
@@ -36,6 +39,8 @@ _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: ap
               b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 WAITING, HEADERS, REQUEST = "waiting", "headers", "request"
+#: The request line a telemetry post starts with (its handling time is measured, :mod:`.timing`).
+_TELEMETRY = b"POST /v1/telemetry "
 
 
 def connection_cap(configured: int | None, soft_fd_limit: int | None = None) -> int:
@@ -81,6 +86,9 @@ class ConnectionPolicy:
     evicted: int = 0
     timed_out: int = 0
     headers_refused: int = 0
+    #: telemetry posts' handling time, first byte read to first byte of the answer written, by body size
+    telemetry: dict[str, LatencyHistogram] = field(default_factory=lambda: {c: LatencyHistogram() for c in BODIES})
+    clock: Callable[[], float] = time.monotonic
 
     def touch(self, conn: Any) -> None:
         self.open.pop(conn, None)
@@ -128,6 +136,8 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
             # is in (an early 401), and what arrives after it is still that body, not the next request's headers
             self._body_left = 0
             self._responded = False
+            self._started: float | None = None  # when this request's first bytes were read, if a telemetry post
+            self._body_class = BODIES[0]
 
         # -- asyncio.Protocol ------------------------------------------------------------------------
         def connection_made(self, transport: Any) -> None:  # uvloop's transports are not asyncio's classes
@@ -155,6 +165,8 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
                     self._next_request()
                 self._inner.data_received(data)
                 return
+            if self.state == WAITING:
+                self._started = policy.clock()
             self.state = HEADERS
             start = max(0, len(self._head) - 3)
             self._head += data
@@ -165,7 +177,11 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
                 self._refuse_headers(problem)
                 return
             if end >= 0:
-                self._body_left = content_length(head) - (len(self._head) - end - 4)
+                if not head.startswith(_TELEMETRY):
+                    self._started = None
+                declared = content_length(head)
+                self._body_class = body_class(declared)
+                self._body_left = declared - (len(self._head) - end - 4)
                 self.state, self._head, self._responded = REQUEST, b"", False
                 self._disarm()
             self._inner.data_received(data)
@@ -193,6 +209,9 @@ def guarded_protocol(inner: Callable[..., asyncio.Protocol], policy: ConnectionP
 
         def _responding(self) -> None:
             if self.state == REQUEST:
+                if self._started is not None and not self._responded:
+                    policy.telemetry[self._body_class].observe(policy.clock() - self._started)
+                    self._started = None
                 self._responded = True
                 if self._body_left <= 0:  # the response starts: what arrives next is the next request's headers
                     self._next_request()

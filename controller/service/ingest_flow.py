@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -31,10 +32,11 @@ from anyio import CapacityLimiter, to_thread
 from starlette.exceptions import HTTPException
 
 from specctl_vllm.controller.service.errors import parse_json
-from specctl_vllm.kernel.protocol import StepRecord, TelemetryBatch
+from specctl_vllm.controller.service.json_pieces import decode_object
+from specctl_vllm.kernel.protocol import ENGINE_ID_PATTERN, StepRecord, TelemetryBatch
 
-#: Steps validated between two pauses of a large body's parse: pydantic holds the GIL for the whole of one
-#: call (a 2 MB body in one call stalled the event loop for 94 ms), a pause every 32 steps gives it back.
+#: Steps decoded and validated between two pauses of a large body's parse: a C call holds the GIL for the whole
+#: of it (a 2 MB body validated in one call stalled the event loop for 94 ms), a pause every 32 steps gives it back.
 PARSE_STEPS_PER_PAUSE = 32
 
 #: Histogram rows (and steps) merged under one hold of the Brain's lock: ~4 us each measured, so a slice
@@ -44,28 +46,51 @@ SLICE_UNITS = 2048
 RETRY_AFTER_S = 1
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
+@dataclass
+class Pacer:
+    """Bulk work spread so that it runs at most ``share`` of the wall time: each :meth:`pause` sleeps in
+    proportion to the time since the last one (the GIL is free meanwhile). That time includes waiting for the GIL,
+    so the busier the event loop, the longer the pauses: a large batch's parse yields to the engines' posts."""
+
+    share: float
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    since: float | None = None
+
+    def pause(self, _: float = 0.0) -> None:
+        now = self.clock()
+        worked = 0.0 if self.since is None else now - self.since
+        self.sleep(worked * (1.0 - self.share) / self.share)  # sleep(0) still gives the GIL up
+        self.since = self.clock()
 
 
 def parse_batch(raw: bytes, pause: Callable[[float], None] = time.sleep) -> TelemetryBatch:
-    """``parse_json(raw, TelemetryBatch)`` in pieces: the JSON decoded in C, then the steps validated a few at
-    a time with the GIL given up in between, then the envelope. Any problem is reported by the one-call parse,
-    so a refusal's status and messages are exactly what a small body's would be."""
+    """``parse_json(raw, TelemetryBatch)`` in pieces: the envelope and each step decoded one after another
+    (:mod:`.json_pieces`: no single C call holds the GIL for the whole body), each step validated as soon as it is
+    decoded (its dicts go as its model comes: decoded JSON ~7x the body and models ~14x are not both held whole;
+    the parse's peak was 77 MB for a 3.7 MB body, it is now the parsed batch's 52 MB), the GIL given up every
+    :data:`PARSE_STEPS_PER_PAUSE` steps, then the envelope validated. Any problem is reported by the one-call
+    parse, so a refusal's status and messages are exactly what a small body's would be."""
     try:
-        doc = json.loads(raw, parse_constant=_no_constant)
-        steps = doc["steps"]
-        if not isinstance(steps, list):
+        doc = decode_object(raw.decode("utf-8"), "steps", lambda step: StepRecord.model_validate(step, strict=True),
+                            pause, PARSE_STEPS_PER_PAUSE)
+        if not isinstance(doc.get("steps"), list):
             raise TypeError("steps")
-        parsed = []
-        for i, step in enumerate(steps, 1):
-            parsed.append(StepRecord.model_validate(step, strict=True))
-            if i % PARSE_STEPS_PER_PAUSE == 0:
-                pause(0)
-        doc["steps"] = parsed
         return TelemetryBatch.model_validate(doc, strict=True)
     except Exception:  # noqa: BLE001 -- the one-call parse says what is wrong, as for any body
         return parse_json(raw, TelemetryBatch, "telemetry batch")
+
+
+_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
+
+
+def engine_id_of(raw: bytes) -> str | None:
+    """Best-effort engine id of a refused batch, so the rejection is counted against its engine."""
+    try:
+        value = json.loads(raw).get("engine_id")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, str) and _ENGINE_ID.match(value) else None
 
 
 def step_units(step: StepRecord) -> int:

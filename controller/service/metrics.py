@@ -191,6 +191,9 @@ class ServiceStats:
     snapshot_age_s: float | None = None
     #: (batches, dropped, errors, bytes on disk, lost) of the telemetry recorder; None while recording is off
     recorder: tuple[int, int, int, int, int] | None = None
+    #: (body class, bucket bounds, counts per bucket with the one above them last, sum) of telemetry posts'
+    #: handling time; None without the connection guard (an app served by something else than ``specctl serve``)
+    telemetry_seconds: tuple[tuple[str, tuple[float, ...], tuple[int, ...], float], ...] | None = None
 
     @classmethod
     def of(cls, runtime: Any) -> ServiceStats:
@@ -200,7 +203,10 @@ class ServiceStats:
         if rec is not None:
             st = rec.stats
             recorder = (st.batches, st.dropped, st.errors, st.bytes_on_disk, st.lost)
-        return cls(runtime.internal_errors, runtime.client_disconnects, age, recorder)
+        conns = getattr(runtime, "connections", None)
+        timing = None if conns is None else tuple((body, h.bounds, tuple(h.counts), h.total_s)
+                                                  for body, h in conns.telemetry.items())
+        return cls(runtime.internal_errors, runtime.client_disconnects, age, recorder, timing)
 
 
 def _service_families(stats: ServiceStats) -> list[Metric]:
@@ -211,6 +217,8 @@ def _service_families(stats: ServiceStats) -> list[Metric]:
                     "(not an error of the controller)", [])
     gone.add_metric([], stats.client_disconnects)
     families: list[Metric] = [errors, gone]
+    if stats.telemetry_seconds is not None:
+        families.append(_telemetry_seconds(stats.telemetry_seconds))
     if stats.snapshot_age_s is not None:
         age = _gauge("specctl_snapshot_age_seconds", "Seconds since the learned state was last written to SQLite "
                      "(learning a crash would lose)", [])
@@ -232,6 +240,20 @@ def _service_families(stats: ServiceStats) -> list[Metric]:
         size.add_metric([], bytes_on_disk)
         families.append(size)
     return families
+
+
+def _telemetry_seconds(rows: tuple[tuple[str, tuple[float, ...], tuple[int, ...], float], ...]) -> Metric:
+    family = HistogramMetricFamily("specctl_http_telemetry_seconds", "Telemetry posts' handling time in the "
+                                   "server: first byte of the request read to first byte of the answer written; "
+                                   "body small (<= 8 KiB declared, an engine's regular post) or large",
+                                   labels=["body"])
+    for body, bounds, counts, total_s in rows:
+        cumulative, running = [], 0
+        for bound, n in zip((*(str(b) for b in bounds), "+Inf"), counts, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        family.add_metric([body], cumulative, total_s)
+    return family
 
 
 #: Largest sample value written: a float64 holds every integer up to it exactly.

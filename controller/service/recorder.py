@@ -7,9 +7,13 @@ read (a folder works as their argument). A file is closed and a new one started 
 ``SPECCTL_RECORD_FILE_BYTES`` compressed bytes; after each rotation the oldest files are deleted until the
 folder's recordings fit in ``SPECCTL_RECORD_MAX_BYTES``.
 
-The ingest path only appends to a bounded in-memory queue (``SPECCTL_RECORD_QUEUE_BATCHES``); a writer thread
-serialises, compresses and writes. A full queue drops the batch and counts it (``specctl_recorder_dropped_total``):
-recording never slows ingest down or blocks it. The writer flushes the gzip stream at least every
+The ingest path only appends the accepted body's own JSON bytes to an in-memory queue bounded in batches
+(``SPECCTL_RECORD_QUEUE_BATCHES``) and in bytes (``SPECCTL_RECORD_QUEUE_BYTES``); a writer thread compresses and
+writes. The queue holds bytes, not the parsed batch: a parsed batch takes ~14x its body (a 4 MB flood batch is
+52 MB of objects), and queued parsed batches waiting for a writer slowed by a full disk took the server past
+256 MB (soak, docs/reliability.md#soak); re-serialising them also held the GIL the engines' posts need. A full
+queue drops the batch and counts it (``specctl_recorder_dropped_total``): recording never slows ingest down or
+blocks it. The writer flushes the gzip stream at least every
 ``SPECCTL_RECORD_FLUSH_S`` seconds, so a controller killed with ``kill -9`` leaves a readable file that lacks at
 most that much (the readers keep the complete lines of a file cut short); a clean shutdown closes the file.
 """
@@ -23,12 +27,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from specctl_vllm.controller.service.settings import RecordSettings
-from specctl_vllm.kernel.protocol import TelemetryBatch
 
 log = logging.getLogger("controller.service.recorder")
 
@@ -61,6 +64,37 @@ def to_delete(files: Sequence[tuple[str, int]], max_bytes: int, keep: str | None
     return out
 
 
+def json_line(body: bytes) -> bytes:
+    """A validated JSON body as one line: a CR or LF byte in valid JSON is whitespace (inside a string it must be
+    escaped), so turning it into a space keeps the document and makes it one line of the recording."""
+    return body.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n"
+
+
+@dataclass
+class QueueBudget:
+    """Batches and bytes queued for the writer; ``admit`` says whether one more of ``size`` bytes fits. The
+    producers (the loop and worker threads) and the writer thread share it under its lock."""
+
+    max_batches: int
+    max_bytes: int
+    batches: int = 0
+    bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def admit(self, size: int) -> bool:
+        with self._lock:
+            if self.batches + 1 > self.max_batches or (self.batches and self.bytes + size > self.max_bytes):
+                return False
+            self.batches += 1
+            self.bytes += size
+            return True
+
+    def done(self, size: int) -> None:
+        with self._lock:
+            self.batches -= 1
+            self.bytes -= size
+
+
 def next_index(names: Sequence[str]) -> int:
     """The index after the highest one of the recorder's files already in the folder."""
     indices = [int(m.group(2)) for m in (FILE_RE.match(n) for n in names) if m]
@@ -90,7 +124,9 @@ class Recorder:
         self.folder = Path(settings.record_dir)
         self.clock = clock
         self.stats = RecorderStats()
-        self._queue: queue.Queue = queue.Queue(maxsize=settings.record_queue_batches)
+        # unbounded as a queue: the budget bounds it (batches and bytes) before anything is put
+        self._queue: queue.Queue = queue.Queue()
+        self.budget = QueueBudget(settings.record_queue_batches, settings.record_queue_bytes)
         self._thread: threading.Thread | None = None
         self._file: gzip.GzipFile | None = None
         self._raw = None
@@ -101,10 +137,11 @@ class Recorder:
 
     # -- producer side (the ingest path) ----------------------------------------------------------------------
 
-    def submit(self, batch: TelemetryBatch) -> None:
-        try:
-            self._queue.put_nowait(batch)
-        except queue.Full:
+    def submit(self, body: bytes) -> None:
+        """Queue an accepted batch's JSON body (the bytes the engine sent, validated) for the writer."""
+        if self.budget.admit(len(body)):
+            self._queue.put_nowait(body)
+        else:
             self.stats.dropped += 1
             if not self._warned_drop:
                 self._warned_drop = True
@@ -145,7 +182,7 @@ class Recorder:
                 return
             try:
                 if item is not None:
-                    self._write(item.model_dump_json().encode() + b"\n")
+                    self._write(json_line(item))
                 if self._file is not None and time.monotonic() - last_flush >= flush_every:
                     self._flush()
                     last_flush = time.monotonic()
@@ -157,6 +194,10 @@ class Recorder:
                     log.error("telemetry recorder cannot write; batches are lost until it can (counted in "
                               "specctl_recorder_lost_total)", extra={"record_dir": str(self.folder), "error": str(exc)})
                 self._close(failed=True)
+            finally:
+                if item is not None:  # counted until written: the budget bounds what the writer holds too
+                    self.budget.done(len(item))
+                    item = None
 
     def _write(self, line: bytes) -> None:
         if self._file is None:

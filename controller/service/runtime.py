@@ -20,31 +20,36 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
-import re
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from anyio import CapacityLimiter, to_thread
 
-from specctl_vllm.controller.core.brain import MAX_CACHED_POLICIES, Brain, IngestRejected, IngestResult
-from specctl_vllm.controller.core.config import BrainConfig
+from specctl_vllm.controller.core.brain import Brain, IngestRejected, IngestResult
 from specctl_vllm.controller.core.overrides import Override, active_overrides
+from specctl_vllm.controller.service.answers import AckEncoder, json_bytes, json_safe
+from specctl_vllm.controller.service.brain_lock import BrainLock
 from specctl_vllm.controller.service.clock import Clock
 from specctl_vllm.controller.service.errors import BadInput, parse_json
-from specctl_vllm.controller.service.ingest_flow import BytesInFlight, FairMerger, parse_batch, slices
+from specctl_vllm.controller.service.ingest_flow import (
+    BytesInFlight,
+    FairMerger,
+    Pacer,
+    engine_id_of,
+    parse_batch,
+    slices,
+)
 from specctl_vllm.controller.service.store import AuditRecord, Store, describe_store_error
-from specctl_vllm.kernel.protocol import ENGINE_ID_PATTERN, Policy, SpecConfig, TelemetryBatch
+from specctl_vllm.kernel.protocol import Policy, SpecConfig, TelemetryBatch
 
 log = logging.getLogger("controller.service")
 
 #: Pause of a scrape's worker thread between two models' rows (lets a waiting ingest take the Brain lock).
 SCRAPE_YIELD_S = 0.0005
 #: Worker threads for requests' Brain calls (a decision due, a large batch, a read). They serialise on the
-#: Brain lock, but a thread first waits for the GIL the busy loop holds (up to the 5 ms switch interval), and
+#: Brain lock, but a thread first waits for the GIL the busy loop holds (up to the switch interval, 1 ms by default), and
 #: with one thread those waits queued up behind each other (load benchmark, docs/reliability.md#load). Their
 #: own limiter, so that they never take the threads the store's writes and the scrapes use.
 BRAIN_THREADS = 4
@@ -57,169 +62,20 @@ INLINE_BODY_BYTES = 8 * 1024
 INLINE_DECISION_WORK = 64
 
 T = TypeVar("T")
-_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
-
-
-def engine_id_of(raw: bytes) -> str | None:
-    """Best-effort engine id of a refused batch, so the rejection is counted against its engine."""
-    try:
-        value = json.loads(raw).get("engine_id")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    return value if isinstance(value, str) and _ENGINE_ID.match(value) else None
-
-
-def json_bytes(value: Any) -> bytes:
-    """What FastAPI's JSONResponse would send for ``value`` (plain JSON types), written by the C encoder."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-def restore_brain(store: Store, config: BrainConfig) -> tuple[Brain, float | None]:
-    """The newest snapshot that loads, else a fresh Brain; returns it with the snapshot's time.
-
-    Every snapshot is validated on load (:meth:`Brain.load` leaves out what does not validate, and the
-    restored state must answer a scrape and a dump). One that fails is quarantined (moved to the
-    ``quarantined_snapshots`` table, logged) and the next older one is tried; one that loads only in part
-    is copied there and its valid part kept. Nothing here stops the service.
-    """
-    partial: tuple[Brain, float] | None = None
-    for snapshot_id, ts, data in store.latest_snapshots():
-        try:
-            brain = Brain.load(data, config) if data is not None else None
-            if brain is None or brain.load_problems == ["unknown snapshot format"]:
-                raise ValueError("not a specctl snapshot" if data is not None else "not JSON")
-            brain.metrics(ts)  # the restored state must be readable, else it would fail every scrape
-            brain.dump()
-        except Exception as exc:  # noqa: BLE001 -- a snapshot that cannot load must not stop the service
-            reason = f"{type(exc).__name__}: {exc}"[:300]
-            log.warning("snapshot quarantined, trying an older one",
-                        extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "error": reason})
-            store.quarantine_snapshot(snapshot_id, reason)
-            continue
-        if not brain.load_problems:
-            return brain, ts
-        # parts of it do not validate: kept for inspection; an older snapshot that loads whole is preferred
-        log.warning("snapshot loads only in part, copy quarantined",
-                    extra={"snapshot_id": snapshot_id, "snapshot_ts": ts, "problems": brain.load_problems[:10]})
-        store.quarantine_snapshot(snapshot_id, "; ".join(brain.load_problems)[:500], keep=True)
-        partial = partial or (brain, ts)
-    if partial is not None:
-        return partial
-    return Brain(config), None
-
-
-def _json_safe(value: Any) -> Any:
-    """Non-finite floats as None (JSON has no Infinity/NaN; one would fail the whole answer)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-class AckEncoder:
-    """Telemetry acks as JSON bytes, each policy serialised once rather than once per post.
-
-    An engine's policy changes every few seconds at most while the engine posts ten or more times a second,
-    and the policy is most of the ack: validating and serialising it for every post was work repeated for
-    nothing. A :class:`Policy` is immutable and a new one gets a new version, so its JSON is cached by version
-    (the identity check guards against a version number that comes back, e.g. from another Brain).
-    """
-
-    def __init__(self, capacity: int = MAX_CACHED_POLICIES) -> None:
-        self._capacity = capacity
-        self._policies: dict[int, tuple[Policy, bytes]] = {}
-
-    def encode(self, outcome: str, seq: int, gaps: int, policy: Policy) -> bytes:
-        """The same bytes as ``TelemetryAck(...).model_dump_json()``, built around the cached policy."""
-        return b'{"outcome":"%s","seq":%d,"gaps":%d,"policy":%s}' % (
-            outcome.encode(), seq, gaps, self.policy_json(policy))
-
-    def policy_json(self, policy: Policy) -> bytes:
-        held = self._policies.get(policy.version)
-        if held is not None and held[0] is policy:
-            return held[1]
-        data = policy.model_dump_json().encode()
-        self._policies.pop(policy.version, None)
-        self._policies[policy.version] = (policy, data)
-        while len(self._policies) > self._capacity:  # the oldest first: dicts keep insertion order
-            self._policies.pop(next(iter(self._policies)))
-        return data
-
-
-class BrainLock:
-    """The Brain's lock: worker threads take it with ``with``; the event loop awaits :meth:`acquire_async`,
-    which never blocks the loop (a post waits as a task while a scrape's or a snapshot's thread holds it).
-
-    A thread waiting for the lock goes first: the loop would otherwise take it back post after post (a
-    ``threading.Lock`` is not fair, and the woken thread needs the GIL the loop holds), and a decision being
-    computed in a thread waited a second and more under load. Posts that found the lock held used to go to a
-    worker thread instead, which under load was a convoy: the thread then held the lock post after post,
-    every later post found it held too and paid for the thread's hop (load benchmark: 1.1 ms of CPU per post
-    instead of 0.9, p99 290 ms). A release wakes the loop's waiters, which then try again.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = threading.Lock()  # guards _threads
-        self._threads = 0  # threads blocked in __enter__
-        self._waiters = 0  # tasks in acquire_async
-        self._released: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def __enter__(self) -> None:
-        if self._lock.acquire(blocking=False):
-            return
-        with self._count:
-            self._threads += 1
-        try:
-            self._lock.acquire()
-        finally:
-            with self._count:
-                self._threads -= 1
-
-    def __exit__(self, *_: object) -> None:
-        self.release()
-
-    def locked(self) -> bool:
-        return self._lock.locked()
-
-    def release(self) -> None:
-        self._lock.release()
-        # a waiter counts itself before trying the lock, so one that just failed is seen here
-        if self._waiters and self._loop is not None and self._released is not None:
-            self._loop.call_soon_threadsafe(self._released.set)
-
-    def _try(self) -> bool:
-        return not self._threads and self._lock.acquire(blocking=False)
-
-    async def acquire_async(self) -> None:
-        if self._try():
-            return
-        if self._released is None:
-            self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
-        self._waiters += 1
-        try:
-            while True:
-                self._released.clear()
-                if self._try():
-                    return
-                await self._released.wait()
-        finally:
-            self._waiters -= 1
 
 
 class Runtime:
     def __init__(self, brain: Brain, store: Store, clock: Clock, overrides: list[Override],
-                 snapshot_ts: float | None = None, *, flow: BytesInFlight | None = None) -> None:
+                 snapshot_ts: float | None = None, *, flow: BytesInFlight | None = None,
+                 large_share: float = 1.0) -> None:
         self._brain = brain
         self._brain_lock = BrainLock()
         #: bytes of large bodies in flight (checked by the telemetry route before reading, here after parsing)
-        self.flow = flow or BytesInFlight(total_limit=8 * 1024 * 1024, engine_limit=4 * 1024 * 1024)
-        self._merger = FairMerger(self._brain_lock.acquire_async, self._brain_lock.release)
+        self.flow = flow or BytesInFlight(total_limit=4 * 1024 * 1024, engine_limit=4 * 1024 * 1024)
+        self._merger = FairMerger(self._brain_lock.acquire_behind_waiters, self._brain_lock.release)
         self._parse_limiter: CapacityLimiter | None = None
+        #: the share of wall time a large body's parse may run (:class:`Pacer`)
+        self._large_share = large_share
         self._override_lock = asyncio.Lock()
         self.store = store
         self.clock = clock
@@ -230,6 +86,8 @@ class Runtime:
         self.client_disconnects = 0
         self._acks = AckEncoder()  # used under the Brain lock only
         self._limiter: CapacityLimiter | None = None
+        #: the server's ConnectionPolicy (its telemetry handling time), set by the app's lifespan; None in tests
+        self.connections: Any = None
         #: the opt-in telemetry recorder (:mod:`specctl_vllm.controller.service.recorder`), set by the app's lifespan
         self.recorder: Any = None
         self._brain.set_overrides(self._overrides.values())
@@ -267,10 +125,10 @@ class Runtime:
         try:
             batch, result = self._merge(raw, now)
             if self._brain.decision_work(batch.model_name, batch.spec, now, batch.engine_id) <= INLINE_DECISION_WORK:
-                return self._answer(batch, result, now)
+                return self._answer(batch, result, now, raw)
         finally:
             self._brain_lock.release()
-        return await self._off_loop(self._answer, batch, result, now)
+        return await self._off_loop(self._answer, batch, result, now, raw)
 
     async def _ingest_large(self, raw: bytes, now: float) -> bytes:
         """Parse without the lock (one parse at a time: its objects are ~14x the body), then merge in slices
@@ -278,32 +136,39 @@ class Runtime:
         if self._parse_limiter is None:
             self._parse_limiter = CapacityLimiter(1)
         try:
-            batch = await to_thread.run_sync(parse_batch, raw, limiter=self._parse_limiter)
+            pace = Pacer(self._large_share).pause
+            batch = await to_thread.run_sync(parse_batch, raw, pace, limiter=self._parse_limiter)
         except BadInput:
             await self.record_rejected(engine_id_of(raw))
             raise
         with self.flow.engine(batch.engine_id, len(raw)):
-            parts = slices(batch)
+            parts: list[TelemetryBatch | None] = list(slices(batch))
+            # the steps are held by the parts only, each let go once merged: a batch being merged shrinks
+            # slice by slice rather than staying whole (~14x its body) until its last slice
+            head = batch if len(parts) == 1 else batch.model_copy(update={"steps": []})
+            del batch
             state: dict[str, Any] = {"next": 0, "result": None}
 
             def step() -> tuple[bool, Any]:
                 i = state["next"]
                 state["next"] = i + 1
+                part, parts[i] = parts[i], None
+                assert part is not None
                 if i == 0:
-                    result = self._admit(batch if len(parts) == 1 else parts[0], now)
+                    result = self._admit(part, now)
                     state["result"] = result
                     if result.outcome != "accepted":
-                        return True, self._answer(batch, result, now)
+                        return True, self._answer(head, result, now, raw)
                 else:
                     try:
-                        self._brain.ingest_continued(parts[i], now)
+                        self._brain.ingest_continued(part, now)
                     except IngestRejected as exc:
                         raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
                 if state["next"] == len(parts):
-                    return True, self._answer(batch, state["result"], now)
+                    return True, self._answer(head, state["result"], now, raw)
                 return False, None
 
-            return await self._merger.run(batch.engine_id, step)
+            return await self._merger.run(head.engine_id, step)
 
     async def close_merger(self) -> None:
         await self._merger.close()
@@ -329,12 +194,12 @@ class Runtime:
             self._brain.record_rejected(batch.engine_id)
             raise BadInput(exc.status, f"telemetry batch refused: {exc.reason}") from None
 
-    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float) -> bytes:
-        """The ack of a merged batch (caller holds the lock)."""
+    def _answer(self, batch: TelemetryBatch, result: IngestResult, now: float, raw: bytes) -> bytes:
+        """The ack of a merged batch (caller holds the lock); an accepted one's body goes to the recorder."""
         policy = self._brain.policy_for(batch.model_name, batch.spec, now, engine_id=batch.engine_id)
         self._log_decision_error()
         if self.recorder is not None and result.outcome == "accepted":  # a re-sent batch is not recorded twice
-            self.recorder.submit(batch)  # a queue append; the writer thread does the rest
+            self.recorder.submit(raw)  # a queue append; the writer thread does the rest
         return self._acks.encode(result.outcome, batch.seq, result.gaps, policy)
 
     def _log_decision_error(self) -> None:
@@ -361,7 +226,7 @@ class Runtime:
     async def categories(self) -> bytes:
         """Every category's view as JSON (a full budget's views are megabytes: encoded off the loop too)."""
         def read(now: float) -> bytes:
-            out = [_json_safe(view.to_dict()) for view in self._brain.categories(now)]
+            out = [json_safe(view.to_dict()) for view in self._brain.categories(now)]
             self._log_decision_error()
             return json_bytes(out)
 
@@ -371,13 +236,13 @@ class Runtime:
         def read(now: float) -> dict[str, Any] | None:
             view = self._brain.category(name, now, model=model)
             self._log_decision_error()
-            return None if view is None else _json_safe(view.to_dict())
+            return None if view is None else json_safe(view.to_dict())
 
         return await self._off_loop(read, self.clock.now())
 
     async def engines(self) -> bytes:
         def read(now: float) -> bytes:
-            return json_bytes([_json_safe(view.to_dict()) for view in self._brain.engines(now)])
+            return json_bytes([json_safe(view.to_dict()) for view in self._brain.engines(now)])
 
         return await self._off_loop(read, self.clock.now())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import socket
+import sys
 from typing import Any
 
 import uvicorn
@@ -90,6 +91,7 @@ def serve(settings: ServiceSettings, clock: Clock | None = None) -> int:
         admin = AdminListener(host, port)
     if settings.auth.insecure_dev:
         log.warning("insecure dev mode: scopes without a token accept any request")
+    sys.setswitchinterval(settings.server.gil_switch_interval_s)  # the process's own: set where it is served
     app = create_app(settings, clock or SystemClock(), admin_listener=admin)
     io = fast_io()
     srv = settings.server

@@ -42,11 +42,13 @@ class ServerSettings(_Env):
         "4 MiB leaves room for a backlog flush while bounding memory per request",
     )
     ingest_bytes_in_flight: int = Field(
-        default=8 * 1024 * 1024,
+        default=4 * 1024 * 1024,
         ge=64 * 1024,
-        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all; a post beyond it gets "
-        "429 with Retry-After before its body is read. A parsed batch takes ~14x its bytes, so 8 MiB (two maximal "
-        "bodies) keeps the controller within 256 MB; engines' regular posts (a few KiB) are never counted",
+        description="bytes of telemetry bodies over 8 KiB between arrival and merge, in all (one body is always let "
+        "in); a post beyond it gets 429 with Retry-After before its body is read. A parsed batch takes ~14x its "
+        "bytes (52 MB for a 3.7 MB body): with 8 MiB, two were held at once (one merged, the next parsed) and the "
+        "soak's server reached 259 MB; 4 MiB is one maximal body. The parses run one at a time anyway, so a second "
+        "flush waits little longer. Engines' regular posts (a few KiB) are never counted",
     )
     ingest_engine_bytes_in_flight: int = Field(
         default=4 * 1024 * 1024,
@@ -132,6 +134,24 @@ class ServerSettings(_Env):
         "overrides, forget); beyond it 503 with Retry-After, so a flood of reads never takes the engines' share",
     )
 
+    large_batch_cpu_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="fraction of wall time a large body's parse may run (the rest it sleeps, the GIL free for the "
+        "event loop); 1 = no pauses. A 4 MiB backlog flush takes ~0.5 s of CPU to parse, so ~2 s at 0.25. Beside "
+        "two clients flooding 4 MB batches, 16 engines' regular posts took (server side, p99) <= 500 ms unpaced, "
+        "<= 250 ms at 0.5, <= 50 ms at 0.25 (docs/reliability.md#soak)",
+    )
+    gil_switch_interval_s: float = Field(
+        default=0.001,
+        gt=0,
+        le=0.1,
+        description="seconds a thread may hold the GIL while another waits for it (sys.setswitchinterval); the "
+        "event loop that answers the engines' regular posts waits up to this long each time it wakes while a "
+        "large batch is parsed or merged in a worker thread. Python's default 0.005 gave those posts a server-side "
+        "p99 <= 250 ms beside two clients flooding, 0.001 <= 50 ms (docs/reliability.md#soak)",
+    )
     render_processes: int = Field(
         default=1,
         ge=0,
@@ -229,6 +249,13 @@ class RecordSettings(_Env):
         ge=10,
         description="batches waiting for the writer; beyond it a batch is dropped (and counted) rather than "
         "slowing ingest down; 10 000 is ~15 minutes of one engine",
+    )
+    record_queue_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes of batch bodies waiting for the writer (one batch is always let in); beyond it a batch "
+        "is dropped (and counted). 16 MiB holds 10 000 of an engine's regular 1.6 KiB posts or four maximal "
+        "bodies, and bounds the queue's memory whatever the writer's pace (a full disk, a slow one)",
     )
     record_flush_s: float = Field(
         default=1.0,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specctl_vllm.controller.service.runtime import AckEncoder
+from specctl_vllm.controller.service.answers import AckEncoder
 from specctl_vllm.kernel.protocol import AdaptRule, CategoryPolicy, Policy, TelemetryAck
 from tests.unit.service.batches import batch
 from tests.unit.service.conftest import ADMIN, INGEST

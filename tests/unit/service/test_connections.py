@@ -233,3 +233,39 @@ def test_content_length(head, length):
 )
 def test_header_problem(head, problem):
     assert header_problem(head, 128, 4) == problem
+
+
+def test_telemetry_posts_are_timed_by_the_guard_and_scraped(tmp_path):
+    """Each telemetry post answered (200 or refused) is timed from its first byte read to its answer's first byte
+    written; other requests are not. The clock steps 0.3 s a call: every post observes exactly 0.3 s."""
+    import itertools
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.unit.service.batches import batch
+    from tests.unit.service.conftest import ADMIN
+
+    ticks = itertools.count(step=0.3)
+    server, thread, port, policy = _serve(tmp_path, max_connections=8, header_timeout_s=30,
+                                          clock=lambda: next(ticks))
+    server.config.app.state.runtime.connections = policy  # what the lifespan does under `specctl serve`
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:  # one kept-open connection
+            assert client.get("/healthz").status_code == 200
+            assert client.post("/v1/telemetry", json=batch(0), headers=INGEST).status_code == 200
+            assert client.post("/v1/telemetry", json=batch(1)).status_code == 401
+            assert client.get("/readyz").status_code == 200
+            text = client.get("/metrics", headers=ADMIN).text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    small = policy.telemetry["small"]
+    assert small.count == 2 and small.total_s == pytest.approx(0.6) and policy.telemetry["large"].count == 0
+    assert small.counts[small.bounds.index(0.5)] == 2
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "specctl_http_telemetry_seconds"]
+    samples = {(s.name, s.labels["body"], s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("specctl_http_telemetry_seconds_count", "small", None)] == 2
+    assert samples[("specctl_http_telemetry_seconds_bucket", "small", "0.25")] == 0
+    assert samples[("specctl_http_telemetry_seconds_bucket", "small", "0.5")] == 2
+    assert samples[("specctl_http_telemetry_seconds_count", "large", None)] == 0

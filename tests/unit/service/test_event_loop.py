@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from specctl_vllm.controller.core.policy import goodput
-from specctl_vllm.controller.service.runtime import INLINE_DECISION_WORK, BrainLock
+from specctl_vllm.controller.service.brain_lock import BrainLock
+from specctl_vllm.controller.service.runtime import INLINE_DECISION_WORK
 from tests.unit.service.batches import MODEL, batch, hist, step
 from tests.unit.service.conftest import ADMIN, INGEST
 

@@ -12,7 +12,15 @@ from fastapi.testclient import TestClient
 
 from specctl_vllm.controller import replay_cli, report_cli
 from specctl_vllm.controller.service.app import create_app
-from specctl_vllm.controller.service.recorder import FILE_RE, Recorder, file_name, next_index, to_delete
+from specctl_vllm.controller.service.recorder import (
+    FILE_RE,
+    QueueBudget,
+    Recorder,
+    file_name,
+    json_line,
+    next_index,
+    to_delete,
+)
 from specctl_vllm.controller.service.settings import RecordSettings, ServiceSettings
 from specctl_vllm.kernel.protocol import TelemetryBatch
 from tests.unit.service.batches import batch, hist, step
@@ -62,7 +70,7 @@ def test_rotation_cap_and_complete_gzip(tmp_path: Path) -> None:
     rec.start()
     rng = random.Random(7)
     for seq in range(600):
-        rec.submit(noisy(seq, rng))
+        rec.submit(noisy(seq, rng).model_dump_json().encode())
     rec.stop()
     files = sorted(p for p in tmp_path.iterdir() if FILE_RE.match(p.name))
     # it rotated (files opened); how many survive the cap depends on how far zlib's buffered blocks carried
@@ -76,7 +84,7 @@ def test_rotation_cap_and_complete_gzip(tmp_path: Path) -> None:
     # a restart continues the numbering instead of overwriting
     again = Recorder(record_settings(tmp_path), clock=lambda: 1e9)
     again.start()
-    again.submit(telemetry(0))
+    again.submit(telemetry(0).model_dump_json().encode())
     again.stop()
     assert next_index([p.name for p in tmp_path.iterdir()]) == next_index([p.name for p in files]) + 1
 
@@ -84,7 +92,7 @@ def test_rotation_cap_and_complete_gzip(tmp_path: Path) -> None:
 def test_a_full_queue_drops_instead_of_blocking(tmp_path: Path) -> None:
     rec = Recorder(record_settings(tmp_path, record_queue_batches=3))
     for seq in range(5):  # not started: nothing drains the queue
-        rec.submit(telemetry(seq))
+        rec.submit(telemetry(seq).model_dump_json().encode())
     assert rec.stats.dropped == 2
 
 
@@ -145,7 +153,7 @@ def test_a_killed_controller_leaves_a_readable_file(tmp_path: Path) -> None:
     rec = Recorder(record_settings(tmp_path, record_flush_s=0.05))
     rec.start()
     for seq in range(10):
-        rec.submit(telemetry(seq))
+        rec.submit(telemetry(seq).model_dump_json().encode())
     deadline = time.monotonic() + 10
     recording = None
     while time.monotonic() < deadline:
@@ -170,8 +178,56 @@ def test_a_full_disk_leaves_no_empty_files_and_counts_lost_batches_apart(tmp_pat
     rec = Recorder(record_settings(tmp_path, record_flush_s=0.05))
     rec.start()
     for seq in range(5):
-        rec.submit(telemetry(seq, steps=[step({"code": [hist(2, [0, 1, 1])]})] * 200))
+        rec.submit(telemetry(seq, steps=[step({"code": [hist(2, [0, 1, 1])]})] * 200).model_dump_json().encode())
     rec.stop()
     assert rec.stats.batches == 0  # nothing was written
     assert rec.stats.lost == 5 and rec.stats.errors >= 1
     assert [p.name for p in tmp_path.iterdir()] == []  # no empty file left behind
+
+
+@pytest.mark.parametrize(
+    ("max_batches", "max_bytes", "sizes", "admitted"),
+    [
+        (10, 100, [40, 40, 40], [True, True, False]),  # bytes bound
+        (2, 10_000, [1, 1, 1], [True, True, False]),  # batches bound
+        (10, 100, [500, 1], [True, False]),  # one batch larger than the bytes is let in alone
+        (10, 100, [60, 40, 1], [True, True, False]),  # exactly at the bound fits
+    ],
+)
+def test_queue_budget_admits_within_batches_and_bytes(max_batches, max_bytes, sizes, admitted) -> None:
+    budget = QueueBudget(max_batches, max_bytes)
+    assert [budget.admit(size) for size in sizes] == admitted
+    held = sum(size for size, ok in zip(sizes, admitted, strict=True) if ok)
+    assert (budget.batches, budget.bytes) == (sum(admitted), held)
+
+
+def test_queue_budget_room_comes_back_when_written() -> None:
+    budget = QueueBudget(10, 100)
+    assert budget.admit(80) and not budget.admit(80)
+    budget.done(80)
+    assert budget.admit(80) and (budget.batches, budget.bytes) == (1, 80)
+
+
+def test_a_queue_full_in_bytes_drops_and_holds_no_more(tmp_path: Path) -> None:
+    """Maximal bodies faster than the writer: what is queued stays within the bytes (the parsed batches the queue
+    used to hold took ~14x their bodies)."""
+    body = telemetry(0, steps=[step({"code": [hist(2, [0, 1, 1])]})] * 200).model_dump_json().encode()
+    rec = Recorder(record_settings(tmp_path, record_queue_bytes=3 * len(body)))
+    for _ in range(10):  # not started: nothing drains the queue
+        rec.submit(body)
+    assert (rec.stats.dropped, rec.budget.batches) == (7, 3) and rec.budget.bytes <= 3 * len(body)
+
+
+def test_a_body_with_line_breaks_is_recorded_as_one_line_that_reads_back_the_same(tmp_path: Path) -> None:
+    accepted = telemetry(3, steps=[step({"code": [hist(2, [0, 1, 1])]})] * 3)
+    pretty = json.dumps(json.loads(accepted.model_dump_json()), indent=2).replace("\n", "\r\n").encode()
+    line = json_line(pretty)
+    assert line.count(b"\n") == 1 and line.endswith(b"\n") and b"\r" not in line
+    assert TelemetryBatch.model_validate_json(line) == accepted
+    rec = Recorder(record_settings(tmp_path))
+    rec.start()
+    rec.submit(pretty)
+    rec.stop()
+    (path,) = tmp_path.iterdir()
+    assert [TelemetryBatch.model_validate_json(x) for x in gzip.decompress(path.read_bytes()).splitlines()] == [accepted]
+    assert (rec.budget.batches, rec.budget.bytes) == (0, 0)  # written: its room is back
