@@ -483,8 +483,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--server-cpus", default="none",
                     help="CPUs for every engine's API server and EngineCore, the controllers and this client "
-                         "('auto': all but --omp-bind's; default 'none': left to the kernel). On 2 cores, "
-                         "pinning starved the EngineCore (run 5): off by default")
+                         "('auto': all but --omp-bind's; default 'none': left to the kernel). On 2 cores, pinning "
+                         "starved the EngineCore (bench/results/cpu_engine_run5_partial.json): off by default")
     ap.add_argument("--omp-bind", default=engines.default_omp_bind(),
                     help="VLLM_CPU_OMP_THREADS_BIND of every engine (default: the last CPU, %(default)s; 'auto' = vLLM's)")
     ap.add_argument("--ld-preload", default=engines.default_ld_preload(),
