@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from specctl_vllm.controller.core.brain import Brain, IngestRejected
 from specctl_vllm.controller.core.config import BrainConfig, LearnerSettings, PolicySettings
 from specctl_vllm.controller.core.learn.cost_fit import corrections
-from specctl_vllm.controller.core.offline import ema_tiers, token_traces, whatif
+from specctl_vllm.controller.core.offline import ema_tiers, token_traces, whatif, whatif_graph
 from specctl_vllm.kernel.cost import PRESETS
 from specctl_vllm.kernel.drafters import resolve
 from specctl_vllm.kernel.model.budget import recorded_budget
@@ -231,12 +231,12 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     notes: list[str] = list(clock_notes)
     rows: dict[str, dict] = {}
     if graph:
-        view = whatif.cell_view(batches, widths, PRESETS[preset])
+        view = whatif_graph.cell_view(batches, widths, PRESETS[preset])
         budget = recorded_budget(batches)
-        curves = whatif.graph_curves(work, profiles, spec.method, k_top)
+        curves = whatif_graph.graph_curves(work, profiles, spec.method, k_top)
 
         def at(width: int) -> whatif.Estimate:
-            return whatif.graph_estimate(work, curves, view, width, batch_size, budget)
+            return whatif_graph.graph_estimate(work, curves, view, width, batch_size, budget)
 
     def row(name: str, choice: Mapping[str, token_traces.Profile], e: whatif.Estimate | None = None, **extra) -> None:
         e = e or whatif.estimate(work, choice, cost, batch_size, corr)
@@ -248,7 +248,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
     row("off", {c: token_traces.OFF for c in work.categories}, at(0) if graph else None)
     for name in policies:
         if name == "recorded":
-            row("recorded", dict(work.recorded), whatif.graph_recorded(batches, view) if graph else None)
+            row("recorded", dict(work.recorded), whatif_graph.graph_recorded(batches, view) if graph else None)
         elif name == "static":
             for k in (widths[1:] if graph else ks):
                 if k <= k_top:
@@ -262,7 +262,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
             extra = {}
             if graph:  # every category runs the step's width, which the engine's own rule picks (the policy
                 # sends its inputs and caps, not a width): the rule on the recording's cells and mix
-                width = whatif.graph_plan(work, curves, view, batch_size, budget).width
+                width = whatif_graph.graph_plan(work, curves, view, batch_size, budget).width
                 choice = whatif.uniform(work, profiles, spec.method, width)
                 extra = {"width": width}
             row("goodput", choice, at(extra["width"]) if graph else None, timeline=changes,
@@ -278,7 +278,7 @@ def replay(batches: Sequence[TelemetryBatch], traces: Sequence[token_traces.Requ
                              "cannot run it)")
         elif name == "oracle":
             if graph:  # the best width in hindsight, without the rule's margin
-                best = max(whatif.graph_plan(work, curves, view, batch_size, budget).rows, key=lambda r: r.goodput)
+                best = max(whatif_graph.graph_plan(work, curves, view, batch_size, budget).rows, key=lambda r: r.goodput)
                 row("oracle", whatif.uniform(work, profiles, spec.method, best.width), at(best.width),
                     width=best.width)
             else:

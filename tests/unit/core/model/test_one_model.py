@@ -14,7 +14,7 @@ from bench.sim.profiles import CategoryProfile, Trace
 from specctl_vllm.controller.core.config import PolicySettings
 from specctl_vllm.controller.core.learn.cost_fit import NO_CORRECTIONS, OnlineCostModel, corrections
 from specctl_vllm.controller.core.model.batch import BatchModel
-from specctl_vllm.controller.core.offline import token_traces, whatif
+from specctl_vllm.controller.core.offline import token_traces, whatif, whatif_graph
 from specctl_vllm.controller.core.policy import goodput, graph
 from specctl_vllm.controller.core.policy.types import CategoryInput, Choice, MethodProfile, PolicySnapshot
 from specctl_vllm.kernel.cost import CPU, H200, MIXED, UNIFORM, CostCoefficients
@@ -221,7 +221,7 @@ def graph_via_replay(width: int, batch: int) -> float:
     # the recording's request steps in the categories' shares (each request step committing one token)
     work = whatif.Workload({c: 1000.0 * s for c, (s, *_) in CATEGORIES.items()}, 0.0, float(batch), 0, 0.0,
                            {c: token_traces.Profile(ENGINE, 0, 1.0, 0.0, "recorded") for c in CATEGORIES})
-    return whatif.graph_estimate(work, graph_curves(), graph_view(), width, float(batch)).goodput
+    return whatif_graph.graph_estimate(work, graph_curves(), graph_view(), width, float(batch)).goodput
 
 
 def graph_via_simulator(width: int, batch: int) -> float:
