@@ -119,7 +119,11 @@ def served_policy(controller: ControllerProc, engine: dict) -> dict:
     ``"*"``: the default for categories the policy does not list."""
     params = {"model": engine.get("model"), "k_max": engine.get("spec_k_max"), "method": engine.get("spec_method"),
               "model_free": list(engine.get("model_free_methods") or ()),
-              "full_cuda_graphs": "true" if engine.get("graph_widths") else "false"}
+              "full_cuda_graphs": "true" if engine.get("full_cuda_graphs") or engine.get("graph_widths") else "false"}
+    if engine.get("graph_widths"):  # what a graph-shaped engine is served: caps per category, not a per-request k
+        params["graph_widths"] = [int(w) for w in engine["graph_widths"]]
+        if engine.get("token_budget"):
+            params["token_budget"] = int(engine["token_budget"])
     policy = controller.request("GET", "/v1/policy", params=params)
     if not isinstance(policy, dict) or "default" not in policy:
         return {}

@@ -101,7 +101,7 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
             ax.step(ts, means, where="post", color="black", ls="--", lw=1.2, label="engine: mean step width")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("trace time (s)")
-        ax.set_ylabel("k chosen by specctl")
+        ax.set_ylabel("specctl: k, or cap (graph widths)")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         fig.tight_layout()
         path = stem.with_name(stem.name + "_k.png")

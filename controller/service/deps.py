@@ -36,7 +36,7 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 #: Query parameters declared as lists; every other one must appear at most once.
-MULTI_VALUED_QUERY = frozenset({"model_free"})
+MULTI_VALUED_QUERY = frozenset({"model_free", "graph_widths"})
 
 
 def reject_repeated_query(request: Request) -> None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from specctl_vllm.controller.service.deps import RuntimeDep, SingleValuedQuery
 from specctl_vllm.controller.service.errors import from_validation_error
 from specctl_vllm.controller.service.openapi_bodies import responses
-from specctl_vllm.kernel.protocol import MAX_K, METHOD_PATTERN, Policy, SpecConfig
+from specctl_vllm.kernel.protocol import MAX_K, MAX_TOKEN_BUDGET, METHOD_PATTERN, Policy, SpecConfig
 
 router = APIRouter(prefix="/v1", tags=["policy"], dependencies=[SingleValuedQuery])
 
@@ -49,10 +49,19 @@ async def get_policy(
     full_cuda_graphs: Annotated[
         bool, Query(description="the engine replays full CUDA graphs for uniform decode batches")
     ] = False,
+    graph_widths: Annotated[
+        list[int] | None,
+        Query(max_length=MAX_K + 1, description="graph-shaped engines: the widths it captured full CUDA graphs for "
+              "(ascending, 0 first); the policy is then the one such an engine gets (caps and width inputs)"),
+    ] = None,
+    token_budget: Annotated[
+        int | None, Query(ge=1, le=MAX_TOKEN_BUDGET, description="graph-shaped engines: max_num_batched_tokens")
+    ] = None,
 ) -> Policy | Response:
     try:
         spec = SpecConfig(method=method, k_max=k_max, model_free_methods=model_free or [],
-                          full_cuda_graphs=full_cuda_graphs)
+                          full_cuda_graphs=full_cuda_graphs, graph_widths=graph_widths or [],
+                          token_budget=token_budget)
     except ValidationError as exc:
         raise from_validation_error(exc, "query") from None
     policy, etag = await runtime.policy(model, spec, policy_etag)

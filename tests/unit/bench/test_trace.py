@@ -257,3 +257,28 @@ def test_mean_width_between_samples(samples, expected) -> None:
     from bench.trace.report import mean_widths
 
     assert mean_widths(samples) == expected
+
+
+class _Controller:
+    def __init__(self) -> None:
+        self.params: dict = {}
+
+    def request(self, method, path, params=None, **_):
+        self.params = dict(params or {})
+        return {"default": {"k": 7, "method": "engine"}, "categories": {"json": {"k": 0, "method": "off"}}}
+
+
+@pytest.mark.parametrize(("engine", "sent"), [
+    ({"model": "m", "spec_k_max": 7, "spec_method": "eagle3", "graph_widths": [0, 1, 2, 4, 7]},
+     {"full_cuda_graphs": "true", "graph_widths": [0, 1, 2, 4, 7]}),
+    ({"model": "m", "spec_k_max": 4, "spec_method": "ngram", "graph_widths": []},
+     {"full_cuda_graphs": "false"}),
+])
+def test_the_poller_asks_for_the_policy_this_engine_is_served(engine, sent):
+    # a graph-shaped engine gets caps per category; asking without its widths reads a per-request-k policy that
+    # no engine of the run applies
+    from bench.trace.engine_proc import served_policy
+    ctl = _Controller()
+    assert served_policy(ctl, engine) == {"*": [7, "engine"], "json": [0, "off"]}
+    assert {k: ctl.params.get(k) for k in sent} == sent
+    assert ("graph_widths" in ctl.params) == bool(engine["graph_widths"])

@@ -172,6 +172,10 @@ def test_policy_etag_and_304(client):
         {"model": "m", "k_max": 4, "method": "Not A Method"},
         {"model": "", "k_max": 4, "method": "ngram"},
         {"k_max": 4, "method": "ngram"},
+        {"model": "m", "k_max": 4, "method": "ngram", "graph_widths": [1, 2]},
+        {"model": "m", "k_max": 4, "method": "ngram", "graph_widths": [0, 2, 2]},
+        {"model": "m", "k_max": 4, "method": "ngram", "graph_widths": [0, 7]},
+        {"model": "m", "k_max": 4, "method": "ngram", "graph_widths": [0, 4], "token_budget": 0},
     ],
 )
 def test_policy_bad_query(client, params):
@@ -182,3 +186,19 @@ def test_policy_bad_query(client, params):
 def test_policy_for_unknown_model_is_safe_default(client):
     policy = client.get("/v1/policy", params={"model": "never-seen", "k_max": 4, "method": "ngram"}).json()
     assert policy["categories"] == {} and policy["default"]["k"] <= 4
+
+
+def test_policy_query_of_a_graph_engine_is_what_its_ack_carries(client):
+    # a read of what a graph-shaped engine is served: the same spec as a query and as a posted batch
+    spec = {"method": "ngram", "k_max": 4, "full_cuda_graphs": True, "graph_widths": [0, 1, 2, 4],
+            "token_budget": 2048}
+    body = batch(0)
+    body["spec"] = spec
+    ack = post(client, body).json()
+    query = {**POLICY_Q, "full_cuda_graphs": "true", "graph_widths": [0, 1, 2, 4], "token_budget": 2048}
+    read = client.get("/v1/policy", params=query)
+    assert read.status_code == 200
+    served, got = ack["policy"], read.json()
+    assert served["categories"] == got["categories"] and served["default"] == got["default"]
+    plain = client.get("/v1/policy", params=POLICY_Q).json()
+    assert plain["categories"] != got["categories"] or plain["default"] != got["default"]
