@@ -151,7 +151,8 @@ class Poller(threading.Thread):
             if engine is not None:
                 widths = engine.get("width_steps") or {}
                 cats = served_policy(self.controller, engine)
-            self.rows.append({"t": round(t, 2), "k": cats, "width_steps": widths})
+            # "served": k is what this engine is served (rows before that fix asked without a graph engine's widths)
+            self.rows.append({"t": round(t, 2), "k": cats, "width_steps": widths, "served": True})
 
 
 #: Configurations of an engine started with vLLM's adaptive verification (``bench trace --adaptive-verification``):

@@ -91,6 +91,9 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
                 ax.axvspan(a, b, color="0.93", lw=0)
             ax.text((a + b) / 2, 1.0, name, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
                     fontsize=7)
+        graph = any(d.get("width_steps") for d in decisions)
+        if graph and not all(d.get("served") for d in decisions):
+            cats = []  # older rows: k asked without the engine's widths, an answer the engine never applied
         for j, cat in enumerate(cats):
             ts = [d["t"] for d in decisions if cat in d["k"] and d["k"][cat][0] is not None]
             ks = [d["k"][cat][0] + 0.06 * (j - len(cats) / 2) for d in decisions
