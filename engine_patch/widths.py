@@ -10,9 +10,8 @@ project) on:
 
 * the step's requests per category (the batch the scheduler just formed: next step's batch, but for the
   requests that finish or join);
-* E_c(K) per category: the controller's learned curve, blended with what this engine measured for the category
-  over the last few dozen steps (the fast timescale: a burst of JSON after prose moves the width within a second,
-  before the controller's next policy);
+* E_c(K) per category: the controller's curve blended with this engine's last few dozen steps
+  (:mod:`.fast_curves`);
 * T(b, K) and the steps measured per cell from the controller's cell table;
 * what this engine measured about its token budget (:class:`BudgetMeter`): the time of a step that filled it,
   the fixed part of a step's time per width (``a_0 + p K``) and the prompt tokens per committed token. Where the widest width could fill
@@ -49,35 +48,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from specctl_vllm.engine_patch.fast_curves import FastCurves
 from specctl_vllm.engine_patch.policy_table import PolicyTable
 from specctl_vllm.kernel.model.budget import FULL_SHARE, MIN_FULL_STEPS, BudgetMeter, verified_width
 from specctl_vllm.kernel.model.cells import bucket_of
-from specctl_vllm.kernel.model.measured import (
-    BLOCK_STEPS,
-    SETTLE_STEPS,
-    GoodputMeter,
-    Verdict,
-    probe_due,
-    verdict,
-)
-from specctl_vllm.kernel.model.widths import (
-    COLD_BETA,
-    TokenBudget,
-    choose_width,
-    committed_per_step,
-    could_fill,
-    geometric_lengths,
-    steady_regime,
-)
+from specctl_vllm.kernel.model.measured import BLOCK_STEPS, SETTLE_STEPS, GoodputMeter, Verdict, probe_due, verdict
+from specctl_vllm.kernel.model.widths import TokenBudget, choose_width, committed_per_step, could_fill, steady_regime
 
 __all__ = ["FULL_SHARE", "MIN_FULL_STEPS", "BudgetMeter", "GoodputMeter", "WidthChooser", "verified_width"]
 
-#: Per-step decay of the fast acceptance sums: a half-life of about 35 steps (well under a second on a GPU).
-FAST_DECAY = 0.98
-#: Request-steps of fast evidence at which it weighs as much as the controller's curve; it never weighs more
-#: than :data:`FAST_MAX_WEIGHT` (the controller's curve has minutes of evidence behind it).
-FAST_HALF_WEIGHT = 100.0
-FAST_MAX_WEIGHT = 0.5
 #: Steps between two re-blends of a category's curve (the fast sums move little in 8 steps); a re-blend rides
 #: on a computation of the rule, so it never adds one.
 CURVE_REFRESH_STEPS = 8
@@ -123,7 +102,7 @@ class WidthChooser:
         self._steady_steps = 0
         self._explore_left = 0  # steps left of the steady regime's current exploration run
         self.width = k_max  # the static config's width until the first policy
-        self._fast: dict[str, list[float]] = {}  # category -> [accepted drafts, rejections]
+        self.fast = FastCurves(k_max)
         self._bucket_steps: dict[int, int] = {}
         self.explored = 0
         # curves are re-blended on a computation CURVE_REFRESH_STEPS or more steps after the last re-blend, or
@@ -158,43 +137,12 @@ class WidthChooser:
 
     # -- fast timescale ------------------------------------------------------------------------------------
     def observe(self, agg: Mapping, by_category: Mapping[str, Sequence[int]] | None = None) -> None:
-        """Fold one step's per-(category, method) histograms into the fast sums, and ``by_category``: per
-        category, [accepted drafts, rejections, ...] of drafted requests counted without histograms (read from
-        the hook's packed codes)."""
-        for sums in self._fast.values():
-            sums[0] *= FAST_DECAY
-            sums[1] *= FAST_DECAY
-        for category, (accepted, rejected, *_) in (by_category or {}).items():
-            sums = self._fast.get(category)
-            if sums is None:
-                sums = self._fast[category] = [0.0, 0.0]
-            sums[0] += accepted
-            sums[1] += rejected
-        for (category, _method), entry in agg.items():
-            hists = entry.hists
-            if not hists:
-                continue
-            sums = self._fast.get(category)
-            if sums is None:
-                sums = self._fast[category] = [0.0, 0.0]
-            for drafted, counts in hists.items():
-                for accepted, n in enumerate(counts):
-                    if n:
-                        sums[0] += accepted * n
-                        if accepted < drafted:
-                            sums[1] += n
+        """One step's acceptance into the fast curves (:meth:`FastCurves.observe`)."""
+        self.fast.observe(agg, by_category)
 
     def curve(self, category: str, table: PolicyTable) -> tuple[float, ...]:
-        slow = table.curves.get(category) or table.default_curve
-        sums = self._fast.get(category)
-        evidence = (sums[0] + sums[1]) if sums else 0.0
-        if evidence <= 0:
-            return slow or geometric_lengths(COLD_BETA, self.k_max)
-        fast = geometric_lengths(sums[0] / evidence, self.k_max)
-        if not slow:
-            return fast
-        w = min(FAST_MAX_WEIGHT, evidence / (evidence + FAST_HALF_WEIGHT))
-        return tuple((1 - w) * a + w * b for a, b in zip(slow, fast))
+        """E_c(K) of ``category``: the controller's curve blended with this engine's fast evidence."""
+        return self.fast.curve(category, table.curves.get(category) or table.default_curve)
 
     # -- the choice -----------------------------------------------------------------------------------------
     def choose(self, mix: Mapping[str, int], table: PolicyTable, batch: int, measurable: bool = True) -> int:
@@ -233,7 +181,7 @@ class WidthChooser:
             self._decided_age = 0
             self._model_gain = choice.value / choice.plain_value - 1.0 if choice.plain_value > 0 else 0.0
             self._expected = {}
-            self._unseen = sum(share for category, share in shares.items() if category not in self._fast)
+            self._unseen = sum(share for category, share in shares.items() if category not in self.fast)
             self._check = None
         self.width = self._checked(self._decided[2], batch, bucket, table)
         return self.width
