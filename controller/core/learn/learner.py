@@ -251,22 +251,21 @@ class ModelState:
         for cat in d.new_categories:
             self.categories.setdefault(cat, CategoryState())
         touched: set[int] = set()
+
+        def estimator(cat: str, method: str) -> AcceptanceEstimator:
+            """The category's estimator of ``method`` (created on first evidence), decayed to now once a batch."""
+            est = self.categories[cat].methods.get(method)
+            if est is None:
+                est = self.categories[cat].methods[method] = AcceptanceEstimator()
+            if id(est) not in touched:
+                est.decay_to(now, s.half_life_s)
+                touched.add(id(est))
+            return est
+
         for (cat, method, cf), per_k in d.hists.items():
-            est = self.categories[cat].methods.get(method)
-            if est is None:
-                est = self.categories[cat].methods[method] = AcceptanceEstimator()
-            if id(est) not in touched:
-                est.decay_to(now, s.half_life_s)
-                touched.add(id(est))
-            est.add_many(per_k, cf)
+            estimator(cat, method).add_many(per_k, cf)
         for (cat, method, _cf), (asked, hit) in d.asks.items():
-            est = self.categories[cat].methods.get(method)
-            if est is None:
-                est = self.categories[cat].methods[method] = AcceptanceEstimator()
-            if id(est) not in touched:
-                est.decay_to(now, s.half_life_s)
-                touched.add(id(est))
-            est.add_attempts(asked, hit)
+            estimator(cat, method).add_attempts(asked, hit)
         self.last_seen = now
         for cat, n in d.requests.items():
             st = self.categories[cat]
