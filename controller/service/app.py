@@ -152,6 +152,7 @@ def create_app(
     app.state.max_body_bytes = settings.server.max_body_bytes
     for module in (telemetry, policy, categories, engines, overrides, audit, health, metrics):
         app.include_router(module.router)
+    app.router.routes.insert(0, telemetry.lean_route)  # answers the posts; the FastAPI route documents them
     errors.install(app)
     openapi_bodies.install(app, [TelemetryBatch, OverrideIn, ForgetIn])
     if settings.server.cors_origins:

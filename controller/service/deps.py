@@ -41,6 +41,8 @@ MULTI_VALUED_QUERY = frozenset({"model_free", "graph_widths"})
 
 def reject_repeated_query(request: Request) -> None:
     """Refuse ``?k_max=1&k_max=4``: FastAPI would silently keep the last value of a repeated scalar."""
+    if not request.scope.get("query_string"):  # the common request: no query string, nothing to parse
+        return
     repeated = sorted(
         key for key in set(request.query_params.keys())
         if key not in MULTI_VALUED_QUERY and len(request.query_params.getlist(key)) > 1
@@ -63,6 +65,11 @@ def _check(request: Request, scope: Scope) -> None:
     reject_repeated_query(request)
 
 
+def check_ingest(request: Request) -> None:
+    """401/403 unless the request carries the ingest token; 422 for a repeated query parameter."""
+    _check(request, Scope.INGEST)
+
+
 class _IngestScheme(HTTPBearer):
     """The ingest token scheme (so OpenAPI documents it) that also checks the token and hands over the runtime.
 
@@ -73,7 +80,7 @@ class _IngestScheme(HTTPBearer):
 
     async def __call__(self, request: Request) -> Runtime:  # type: ignore[override]
         runtime = await get_runtime(request)
-        _check(request, Scope.INGEST)
+        check_ingest(request)
         return runtime
 
 

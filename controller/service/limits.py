@@ -59,7 +59,9 @@ class BodyLimit:
             if complete:  # after the body: receive() waits for the disconnect, no deadline
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                # asyncio.timeout, not wait_for: wait_for wraps receive() in a task of its own, per message
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    message = await receive()
             except TimeoutError:
                 raise HTTPException(408, f"request body not received within {self.body_timeout_s:g} s") from None
             if message["type"] == "http.request":

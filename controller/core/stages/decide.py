@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from specctl_vllm.controller.core.config import BrainConfig
 from specctl_vllm.controller.core.learn.engines import EngineBook
@@ -43,6 +44,7 @@ def key(model: str, spec: SpecConfig, engine_id: str | None) -> Key:
             spec.full_cuda_graphs, tuple(spec.graph_widths))
 
 
+@lru_cache(maxsize=8192)  # asked twice a post; a pure function of the engine's key
 def refresh_interval(key: Key, interval_s: float) -> float:
     """This engine's decision period: ``interval_s`` times a fixed factor in [0.75, 1.25) drawn from its key.
 

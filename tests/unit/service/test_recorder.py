@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from specctl_vllm.controller import replay_cli, report_cli
 from specctl_vllm.controller.service.app import create_app
 from specctl_vllm.controller.service.recorder import (
+    COMPRESS_LEVEL,
     FILE_RE,
     QueueBudget,
     Recorder,
@@ -231,3 +232,18 @@ def test_a_body_with_line_breaks_is_recorded_as_one_line_that_reads_back_the_sam
     (path,) = tmp_path.iterdir()
     assert [TelemetryBatch.model_validate_json(x) for x in gzip.decompress(path.read_bytes()).splitlines()] == [accepted]
     assert (rec.budget.batches, rec.budget.bytes) == (0, 0)  # written: its room is back
+
+
+@pytest.mark.parametrize("batches", [1, 40])
+def test_recordings_are_compressed_at_the_recorder_level(tmp_path: Path, batches: int) -> None:
+    bodies = [telemetry(seq).model_dump_json().encode() for seq in range(batches)]
+    rec = Recorder(record_settings(tmp_path), clock=lambda: 1e9)
+    rec.start()
+    for body in bodies:
+        rec.submit(body)
+    rec.stop()
+    (path,) = [p for p in tmp_path.iterdir() if FILE_RE.match(p.name)]
+    data = path.read_bytes()
+    # the gzip header's XFL byte: 2 for level 9, 4 for level 1, 0 for the levels between
+    assert COMPRESS_LEVEL == 6 and data[8] == 0
+    assert gzip.decompress(data).splitlines() == bodies
