@@ -68,6 +68,9 @@ CREATE TABLE IF NOT EXISTS forgotten (
 );
 """
 
+#: Tables and indexes of :data:`_SCHEMA`: a store that has them all needs no write to open.
+SCHEMA_OBJECTS = frozenset({"overrides", "audit", "audit_category", "snapshots", "quarantined_snapshots", "forgotten"})
+
 #: Actor recorded when the service itself removes an expired override.
 SYSTEM_ACTOR = "specctl"
 
@@ -153,8 +156,14 @@ class Store:
             if version > SCHEMA_VERSION:
                 conn.close()
                 raise StoreError(f"{path}: schema version {version} is newer than this specctl ({SCHEMA_VERSION})")
-            conn.executescript(_SCHEMA)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            # Write only what is missing: a store on a full disk (or a read-only one) with its schema in place
+            # still opens, serves its overrides and snapshots, and refuses writes one by one (503), instead of
+            # the controller refusing to start.
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")}
+            if not SCHEMA_OBJECTS <= present:
+                conn.executescript(_SCHEMA)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: {exc}") from exc
         if str(mode).lower() != "wal":
