@@ -47,6 +47,7 @@ import numpy as np
 
 from bench.harness import free_port, wait_http
 from bench.ingest import Profile, make_batch
+from bench.load import EngineConnection
 from specctl_vllm.controller.service.timing import BOUNDS, quantile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
@@ -144,30 +145,42 @@ class Tally:
 
 
 async def engine(i: int, srv: Server, tally: Tally, stop: float, hz: float) -> None:
+    """One engine of the fleet: a batch every ``1 / hz`` s on a kept-open connection, the next one after the answer.
+
+    Posted through :class:`bench.load.EngineConnection` (pre-built request bytes, the answer read by its length):
+    a general-purpose client took ~1.8 ms of this generator's CPU per post, as much as the server's own work, on
+    the cores the server runs on."""
     rng = np.random.default_rng(i)
     seq = 0
-    headers = {"Authorization": f"Bearer {INGEST}"}
-    async with httpx.AsyncClient(headers=headers, timeout=5.0) as client:
-        await asyncio.sleep(random.random() / hz)
-        due = time.monotonic()
+    conn = EngineConnection("127.0.0.1", srv.port, INGEST, timeout_s=5.0)
+    await asyncio.sleep(random.random() / hz)
+    due = time.monotonic()
+    try:
         while time.monotonic() < stop:
             body = make_batch(FLEET, seq, rng, engine_id=f"fleet-{i}")
             body["boot_id"] = "soak"
+            raw = json.dumps(body, separators=(",", ":")).encode()
             t0 = time.monotonic()
             tally.fleet_late_ms.append((t0 - due) * 1000)
             try:
-                r = await client.post(srv.url + "/v1/telemetry", json=body)
-                if r.status_code == 200:
+                status, _ = await conn.post(raw)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+                conn.close()  # the next post redials
+                tally.fleet_unreachable += 1
+            else:
+                if status == 200:
                     tally.fleet_ms.append((time.monotonic() - t0) * 1000)
                     seq += 1
-                elif r.status_code >= 500:
-                    tally.fleet_5xx += 1
                 else:
-                    tally.fleet_other += 1
-            except httpx.HTTPError:
-                tally.fleet_unreachable += 1
+                    conn.close()  # an error answer may close the connection: start the next post on a fresh one
+                    if status >= 500:
+                        tally.fleet_5xx += 1
+                    else:
+                        tally.fleet_other += 1
             due = max(due + 1 / hz, time.monotonic())  # a late engine does not burst to catch up
             await asyncio.sleep(due - time.monotonic())
+    finally:
+        conn.close()
 
 
 async def probes(srv: Server, tally: Tally, stop: float) -> None:
