@@ -300,20 +300,28 @@ class Brain:
             budget_refusals=self.budget_refusals)
 
     # -- persistence --------------------------------------------------------------------------------------------
-    def dump(self, models: dict | None = None) -> dict:
-        """Everything learned; ``models``: the models' parts when the caller dumped them one by one
-        (:meth:`dump_model`, so that a snapshot need not hold the service's lock for all of them at once)."""
+    def dump(self, models: dict | None = None, engines: dict | None = None) -> dict:
+        """Everything learned; ``models`` / ``engines``: those parts when the caller dumped them piece by piece
+        (:meth:`dump_model`, :meth:`dump_engines`, so that a snapshot need not hold the service's lock for all
+        of them at once)."""
         return {
             "format": DUMP_FORMAT, "version": DUMP_VERSION, "policy_version": self._version,
             "cost_preset": self.config.policy.cost_preset,
             "models": {m: ms.to_dict() for m, ms in self._models.items()} if models is None else models,
-            "engines": {e: b.to_dict() for e, b in self._engines.items()},
+            "engines": self.dump_engines(self._engines) if engines is None else engines,
             "rejected_unknown": self._rejected_unknown,
         }
 
     def dump_model(self, model: str) -> dict | None:
         ms = self._models.get(model)
         return None if ms is None else ms.to_dict()
+
+    def engine_ids(self) -> list[str]:
+        return list(self._engines)
+
+    def dump_engines(self, ids: Iterable[str]) -> dict[str, dict]:
+        """The books of those of ``ids`` still known."""
+        return {e: book.to_dict() for e in ids if (book := self._engines.get(e)) is not None}
 
     @classmethod
     def load(cls, data: dict, config: BrainConfig) -> Brain:

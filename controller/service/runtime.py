@@ -18,7 +18,6 @@ serialised by an asyncio lock so the in-memory table is always applied in the or
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sqlite3
 import time
@@ -41,6 +40,7 @@ from specctl_vllm.controller.service.ingest_flow import (
     parse_batch,
     slices,
 )
+from specctl_vllm.controller.service.state_text import state_text
 from specctl_vllm.controller.service.store import AuditRecord, Store, describe_store_error
 from specctl_vllm.kernel.protocol import Policy, SpecConfig, TelemetryBatch
 
@@ -270,27 +270,8 @@ class Runtime:
             return self._brain.dump()
 
     def snapshot_text(self) -> str:
-        """The learned state as the snapshot's JSON, dumped and encoded model by model with the Brain lock let
-        go in between (from a worker thread). Dumping a full budget at once held the lock for 15-50 ms and
-        encoding it the GIL for 30-40 ms, and posts waited behind both (ingest p99 107 ms with a snapshot
-        every second, docs/reliability.md#budget). Each model's part is consistent; a batch merged between
-        two parts is in the snapshot or not as a whole; a model forgotten meanwhile is left out."""
-        with self._brain_lock:
-            models = self._brain.model_names()
-        parts: dict[str, str] = {}
-        for model in models:
-            with self._brain_lock:
-                data = self._brain.dump_model(model)
-            if data is not None:
-                parts[model] = json.dumps(data, separators=(",", ":"))
-            time.sleep(SCRAPE_YIELD_S)  # as in metrics(): a waiting ingest takes the lock
-        with self._brain_lock:
-            rest = self._brain.dump(models={})
-            live = set(self._brain.model_names())
-        rest.pop("models")
-        head = json.dumps(rest, separators=(",", ":"))
-        body = ",".join(f"{json.dumps(m)}:{text}" for m, text in parts.items() if m in live)
-        return '{"models":{' + body + "}," + head[1:]
+        """The learned state as the snapshot's JSON (:mod:`.state_text`: piece by piece, from a worker thread)."""
+        return state_text(self._brain, self._brain_lock)
 
     def series(self) -> int:
         """The series charged (from a worker thread or a test's thread, never the event loop)."""

@@ -123,7 +123,7 @@ class Mix(Decayed):
     def to_dict(self) -> dict:
         return {"steps": self.steps, "requests": self.requests, "extra_tokens": self.extra_tokens,
                 "per_category": dict(self.per_category), "t_last": self.t_last,
-                "extra_w": self.extra_w.tolist(), "extra_sum": self.extra_sum.tolist(), "committed": self.committed,
+                "extra_w": _trimmed(self.extra_w), "extra_sum": _trimmed(self.extra_sum), "committed": self.committed,
                 "committed_per_category": dict(self.committed_per_category)}
 
     @classmethod
@@ -137,9 +137,27 @@ class Mix(Decayed):
         m.committed = max(0.0, float(d.get("committed", 0.0)))
         m.committed_per_category = {str(k): max(0.0, float(v))
                                     for k, v in d.get("committed_per_category", {}).items()}
-        w = np.asarray(d.get("extra_w", []), dtype=float)
-        v = np.asarray(d.get("extra_sum", []), dtype=float)
-        if w.shape == (EXTRA_BINS,) and v.shape == (EXTRA_BINS,) and np.all(np.isfinite(w)) and np.all(w >= 0) \
-                and np.all(np.isfinite(v)) and np.all(v >= 0):
+        w = _padded(d.get("extra_w", []))
+        v = _padded(d.get("extra_sum", []))
+        if w is not None and v is not None:
             m.extra_w, m.extra_sum = w, v  # an older snapshot without the histogram starts it empty
         return m
+
+
+def _trimmed(bins: np.ndarray) -> list[float]:
+    """The bins up to the last non-zero one: most engines' prefill sizes fill a few of the 129 bins, and an
+    engine's book was 2 x 129 floats in every snapshot (36 MB of objects at the engine cap)."""
+    nonzero = np.flatnonzero(bins)
+    return bins[: nonzero[-1] + 1 if nonzero.size else 0].tolist()
+
+
+def _padded(values: object) -> np.ndarray | None:
+    """:func:`_trimmed`'s list back to ``EXTRA_BINS`` bins (a full-length list as older snapshots wrote it
+    too); None if it is no list of finite non-negative numbers of at most that length."""
+    try:
+        a = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    if a.ndim != 1 or a.size > EXTRA_BINS or not np.all(np.isfinite(a)) or not np.all(a >= 0):
+        return None
+    return np.concatenate([a, np.zeros(EXTRA_BINS - a.size)])

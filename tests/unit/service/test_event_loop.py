@@ -110,10 +110,13 @@ def batch_requests() -> int:
     return batch(0)["steps"][0]["batch_size"]
 
 
-def test_snapshot_is_the_dump_written_model_by_model(client, monkeypatch):
-    """The snapshot's text is the whole dump, and the Brain lock is let go between two models' parts (a post
-    waits for one model's part at most, not for the whole state)."""
-    for i, model in enumerate(["m-a", "m-b", "org/m-c"]):
+@pytest.mark.parametrize(("engines_per_piece", "engine_pieces"), [(256, 1), (2, 3), (1, 5)])
+def test_snapshot_is_the_dump_written_model_by_model(client, monkeypatch, engines_per_piece, engine_pieces):
+    """The snapshot's text is the whole dump, and the Brain lock is let go between two models' parts and
+    between two pieces of ``ENGINES_PER_PIECE`` engines (a post waits for one piece at most, not for the whole
+    state; at the engine cap the engines in one piece held the lock for most of a second)."""
+    monkeypatch.setattr("specctl_vllm.controller.service.state_text.ENGINES_PER_PIECE", engines_per_piece)
+    for i, model in enumerate(["m-a", "m-b", "org/m-c", "m-a", "m-b"]):
         assert client.post("/v1/telemetry", json=batch(0, engine_id=f"e-{i}", model=model),
                            headers=INGEST).status_code == 200
     runtime = client.app.state.runtime
@@ -124,7 +127,8 @@ def test_snapshot_is_the_dump_written_model_by_model(client, monkeypatch):
 
     monkeypatch.setattr("specctl_vllm.controller.service.runtime.time.sleep", pause)
     text = runtime.snapshot_text()
-    assert pauses == [False, False, False]
+    assert pauses == [False] * (3 + engine_pieces)
+    assert len(json.loads(text)["engines"]) == 5
     assert json.loads(text) == json.loads(json.dumps(runtime.dump()))
     client.portal.call(runtime.snapshot)
     (_, _, stored), *_ = runtime.store.latest_snapshots()

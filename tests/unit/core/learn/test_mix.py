@@ -1,6 +1,7 @@
+import numpy as np
 import pytest
 
-from specctl_vllm.controller.core.learn.mix import EXTRA_BIN, Mix
+from specctl_vllm.controller.core.learn.mix import EXTRA_BIN, EXTRA_BINS, Mix
 
 
 def test_batch_size_and_shares_are_per_busy_step():
@@ -52,3 +53,36 @@ def test_roundtrip_and_tolerant_load():
            if k not in ("extra_w", "extra_sum", "committed", "committed_per_category")}
     legacy = Mix.from_dict(old)  # a snapshot from before the histogram existed
     assert legacy.batch_size == 3 and legacy.extra_distribution() == ()
+
+
+def test_a_book_without_prefill_dumps_no_bins_and_loads_back_whole():
+    """An engine that reported no prefill writes empty bin lists (two lists of 129 zeros per engine were 36 MB
+    of objects in a snapshot at the engine cap); what it writes loads back to the same 129 bins."""
+    m = Mix()
+    m.decay_to(1.0, 10.0)
+    m.add(2, 4, 0, {"a": 4})
+    d = m.to_dict()
+    assert d["extra_w"] == [] and d["extra_sum"] == []
+    back = Mix.from_dict(d)
+    assert back.extra_w.shape == (EXTRA_BINS,) and not back.extra_w.any() and back.to_dict() == d
+
+
+def test_bins_are_written_up_to_the_last_filled_one_and_read_as_before():
+    m = Mix()
+    m.decay_to(1.0, 10.0)
+    m.add(3, 9, 30, {"a": 9}, extra_values=[10, 3 * EXTRA_BIN + 1])
+    d = m.to_dict()
+    assert len(d["extra_w"]) == 4 and d["extra_w"][-1] > 0
+    back = Mix.from_dict(d)
+    assert np.array_equal(back.extra_w, m.extra_w) and np.array_equal(back.extra_sum, m.extra_sum)
+    full = {**d, "extra_w": m.extra_w.tolist(), "extra_sum": m.extra_sum.tolist()}  # as older versions wrote it
+    assert Mix.from_dict(full).to_dict() == d
+
+
+@pytest.mark.parametrize("bad", [[-1.0], [float("nan")], [[1.0]], ["x"], [0.0] * (EXTRA_BINS + 1), {"a": 1}])
+def test_bins_that_do_not_fit_start_the_histogram_empty(bad):
+    m = Mix()
+    m.decay_to(1.0, 10.0)
+    m.add(3, 9, 30, {"a": 9}, extra_values=[10])
+    loaded = Mix.from_dict({**m.to_dict(), "extra_w": bad})
+    assert loaded.extra_distribution() == () and loaded.batch_size == m.batch_size
