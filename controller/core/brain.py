@@ -20,6 +20,7 @@ internal locking is done.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from specctl_vllm.controller.core.config import BrainConfig
@@ -32,7 +33,7 @@ from specctl_vllm.controller.core.policy.types import Decision
 from specctl_vllm.controller.core.stages import decide, evict, reads, wire
 from specctl_vllm.controller.core.stages.decide import Cached, Key, static_decision
 from specctl_vllm.controller.core.stages.evict import category_key
-from specctl_vllm.controller.core.stages.ingest import IngestRejected, IngestResult, admit, apply
+from specctl_vllm.controller.core.stages.ingest import Admission, IngestRejected, IngestResult, admit, apply
 from specctl_vllm.controller.core.stages.persist import DUMP_FORMAT, DUMP_VERSION, restore
 from specctl_vllm.controller.core.views import CategoryView, EngineView, MetricsSnapshot
 from specctl_vllm.kernel.cost import PRESETS
@@ -45,6 +46,8 @@ __all__ = ["DUMP_FORMAT", "DUMP_VERSION", "MAX_CACHED_POLICIES", "MAX_ENGINES", 
 MAX_MODELS = 64
 MAX_ENGINES = 4096
 MAX_CACHED_POLICIES = 512
+#: Engines forgotten at most to make room in a full budget for one new engine (each frees at least 10 series).
+MAX_ROOM_EVICTIONS = 64
 
 
 class Brain:
@@ -88,7 +91,7 @@ class Brain:
                 batch.model_name not in self._models and len(self._models) >= budget.max_models):
             self._make_room(batch)
         try:
-            admitted = admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
+            admitted = self._admit_making_room(batch, now)
         except IngestRejected as exc:
             if exc.status == 429:  # an engine or model cap, or the learned-state budget, is full
                 self.budget_refusals += 1
@@ -99,6 +102,36 @@ class Brain:
         self._engines.setdefault(batch.engine_id, admitted.book)
         self._series += admitted.cost
         return apply(batch, admitted, now, self.config)
+
+    def _admit_making_room(self, batch: TelemetryBatch, now: float) -> Admission | IngestResult:
+        """:func:`admit`; a new engine refused for a full budget is admitted once the least recently seen
+        engines that free enough are forgotten (at most :data:`MAX_ROOM_EVICTIONS`; none if they would not
+        free enough): fresh engine ids fill the budget before the engine cap, and must not lock a new
+        engine out until they idle out. A live engine posts every ~0.1 s, so thousands of others would have to
+        post after it within that time for it to be the one forgotten."""
+        try:
+            return admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
+        except IngestRejected as exc:
+            if exc.needed is None or batch.engine_id in self._engines or not self._free_series(exc.needed):
+                raise
+        return admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
+
+    def _free_series(self, needed: int) -> bool:
+        oldest = heapq.nsmallest(MAX_ROOM_EVICTIONS, self._engines.values(),
+                                 key=lambda b: b.last_seen if b.last_seen is not None else -1.0)
+        freed, count = 0, 0
+        for book in oldest:
+            if freed >= needed:
+                break
+            freed += evict.engine_charge(book)
+            count += 1
+        if freed < needed:
+            return False
+        for book in oldest[:count]:
+            if self._drop("engine", book.engine_id):
+                self.cap_evictions += 1
+        self._recount()
+        return True
 
     def ingest_continued(self, part: TelemetryBatch, now: float) -> IngestResult:
         """Learn from further steps of a batch :meth:`ingest` admitted (a large batch is merged in slices, the

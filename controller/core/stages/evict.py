@@ -46,10 +46,14 @@ def stamp_unseen(models: dict[str, ModelState], engines: dict[str, EngineBook], 
             st.last_seen = now if st.last_seen is None else st.last_seen
 
 
+def engine_charge(book: EngineBook) -> int:
+    """Series one engine is charged."""
+    return engine_series(book.engine_id, book.model or "") + (width_series(book.engine_id) if book.widths_charged else 0)
+
+
 def series(models: dict[str, ModelState], engines: dict[str, EngineBook]) -> int:
     """Series the learned state is charged (an upper bound on what a scrape exports)."""
-    return GLOBAL_SERIES + sum(engine_series(e, b.model or "") + (width_series(e) if b.widths_charged else 0)
-                               for e, b in engines.items()) + sum(
+    return GLOBAL_SERIES + sum(engine_charge(b) for b in engines.values()) + sum(
         model_series(ms.name, ms.charged_k, {c: len(st.methods) for c, st in ms.categories.items()})
         for ms in models.values())
 

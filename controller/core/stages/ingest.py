@@ -32,10 +32,11 @@ class IngestRejected(Exception):
     """A batch that passed the schema but makes no sense; the service answers ``status`` (422, or 409 for an
     engine id shared by two live engines, 429 for a full budget) with ``reason``."""
 
-    def __init__(self, reason: str, status: int = 422) -> None:
+    def __init__(self, reason: str, status: int = 422, needed: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.status = status
+        self.needed = needed  # at a full budget: the series the batch needs beyond it
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def admit(batch: TelemetryBatch, engines: Mapping[str, EngineBook], models: Mapp
             raise IngestRejected(
                 f"learned-state budget full ({series} of {limit} series, this batch needs {cost} more): state "
                 "idle for longer than the SPECCTL_BUDGET_*_IDLE_S settings is forgotten, or an operator can "
-                "forget it (POST /v1/forget)", status=429)
+                "forget it (POST /v1/forget)", status=429, needed=series + cost - limit)
     # steps per width: optional telemetry, charged when a graph-shaped engine first reports, where it fits
     widths = bool(batch.spec.graph_widths) and not book.widths_charged
     if widths and series + cost + width_series(batch.engine_id) <= limit:

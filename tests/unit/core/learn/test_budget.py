@@ -106,6 +106,50 @@ def test_at_a_cap_the_least_recently_seen_is_evicted_for_a_new_one():
     assert b.model_names() == ["other"] and b.cap_evictions >= 2
 
 
+def storm(b: Brain, n: int, now: float) -> None:
+    """An empty batch under a fresh engine id."""
+    b.ingest(batch([], 0, engine=f"storm-{n}", model="m", spec=SpecConfig(method="eagle3", k_max=4)), now)
+
+
+def test_a_full_budget_makes_room_for_a_new_engine_by_forgetting_the_least_recently_seen():
+    """Fresh engine ids fill the series budget before the engine cap; a new engine is then served on its first
+    post, the least recently seen engines forgotten for it, and a live engine is kept."""
+    b = make(max_series=400)
+    post(b, engine="live", now=1000.0)
+    n = 0
+    while b.cap_evictions == 0:  # a storm of fresh ids, each served, until the budget is full
+        storm(b, n, 1000.0 + n * 0.01)
+        n += 1
+        post(b, engine="live", seq=n, now=1000.0 + n * 0.01)  # the live engine keeps posting
+        assert n < 100
+    assert n > 5 and b.series <= 400
+    assert "storm-0" not in {e.engine_id for e in b.engines(1100.0)}  # the first forgotten: least recently seen
+    before = {e.engine_id for e in b.engines(1100.0)}
+    post(b, engine="new", now=1100.0)  # served on its first post
+    after = {e.engine_id for e in b.engines(1100.0)}
+    assert "new" in after and "live" in after and b.series <= 400
+    assert before - after == {"storm-1"} and b.cap_evictions == 2  # the least recently seen, only as needed
+
+
+def test_a_full_budget_forgets_nothing_for_a_batch_the_room_would_not_fit():
+    b = make(max_series=1_000)
+    grown, i = True, 0
+    while grown:  # one model's categories take all the budget they can
+        was = b.series
+        post(b, cats=[f"c{i}"], k=32, seq=i)
+        grown, i = b.series > was, i + 1
+    n = 0
+    while b.cap_evictions == 0:  # fresh ids take the rest
+        storm(b, n, 1000.0 + n)
+        n += 1
+        assert n < 100
+    evicted, before = b.cap_evictions, {e.engine_id for e in b.engines(2000.0)}
+    with pytest.raises(IngestRejected) as exc:  # a new model at k 32: more than forgetting the engines frees
+        post(b, engine="big", model="big", k=32, now=2000.0)
+    assert exc.value.status == 429 and exc.value.needed > 0
+    assert {e.engine_id for e in b.engines(2000.0)} == before and b.cap_evictions == evicted
+
+
 def test_series_recounted_after_eviction_and_load():
     b = make()
     post(b, cats=["a", "b", "c"], k=8, methods=("eagle3", "ngram"))
