@@ -62,7 +62,9 @@ wheel-check: dist
 	rm -rf $(WHEEL_VENV)
 	$(PY_BOOT) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/pip install -q dist/specctl_vllm-*.whl
-	cd /tmp && $(abspath $(WHEEL_VENV))/bin/specctl --version | tee /dev/stderr | grep -qx "specctl (specctl-vllm) $$(sed -n 's/^version = "\(.*\)"/\1/p' $(abspath pyproject.toml))"
+	# the version printed to stderr without opening /dev/stderr (tee would truncate a log file stderr goes to)
+	cd /tmp && v="$$($(abspath $(WHEEL_VENV))/bin/specctl --version)" && echo "$$v" >&2 \
+		&& test "$$v" = "specctl (specctl-vllm) $$(sed -n 's/^version = "\(.*\)"/\1/p' $(abspath pyproject.toml))"
 	cd /tmp && $(abspath $(WHEEL_VENV))/bin/specctl serve --help >/dev/null
 
 clean:
