@@ -50,6 +50,12 @@ MAX_CACHED_POLICIES = 512
 MAX_ROOM_EVICTIONS = 64
 
 
+
+def _last_seen(item: EngineBook | ModelState) -> float:
+    """Recency order for making room: never seen sorts first."""
+    return item.last_seen if item.last_seen is not None else -1.0
+
+
 class Brain:
     def __init__(self, config: BrainConfig) -> None:
         self.config = config
@@ -76,11 +82,11 @@ class Brain:
         served on its first post (a flood of new ids evicts its own kind, never locks the living out)."""
         budget = self.config.budget
         if batch.engine_id not in self._engines and self._engines and len(self._engines) >= budget.max_engines:
-            oldest = min(self._engines.values(), key=lambda b: b.last_seen if b.last_seen is not None else -1.0)
+            oldest = min(self._engines.values(), key=_last_seen)
             if self._drop("engine", oldest.engine_id):
                 self.cap_evictions += 1
         if batch.model_name not in self._models and self._models and len(self._models) >= budget.max_models:
-            model = min(self._models.values(), key=lambda m: m.last_seen if m.last_seen is not None else -1.0)
+            model = min(self._models.values(), key=_last_seen)
             if self._drop("model", model.name):
                 self.cap_evictions += 1
         self._recount()
@@ -117,8 +123,7 @@ class Brain:
         return admit(batch, self._engines, self._models, self._series, self.config, self._preset, now)
 
     def _free_series(self, needed: int) -> bool:
-        oldest = heapq.nsmallest(MAX_ROOM_EVICTIONS, self._engines.values(),
-                                 key=lambda b: b.last_seen if b.last_seen is not None else -1.0)
+        oldest = heapq.nsmallest(MAX_ROOM_EVICTIONS, self._engines.values(), key=_last_seen)
         freed, count = 0, 0
         for book in oldest:
             if freed >= needed:
